@@ -1,0 +1,219 @@
+"""The vocabulary kernels use to write affine loop nests in LLVM IR.
+
+A kernel receives a :class:`KernelBuilder` for one graph node.  Tensors are :class:`Buffer`
+objects: typed pointers to fixed-size multi-dimensional arrays (``[C x [H x [W x float]]]*``)
+indexed with one ``getelementptr`` per access, which is what Polly's delinearization reads to
+recover the array dimensions.  Loops are canonical (``i64`` induction variable from a constant
+lower bound, unit step, ``icmp slt`` against a constant) so every nest is a static control part.
+Basic blocks are named ``<op>.<loop>.<part>`` so Polly's statements trace back to the node.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from typing import Any, Union
+
+import llvmlite.ir as ir
+import numpy as np
+
+from polyml.graph import Node, TensorType
+
+I64 = ir.IntType(64)
+I32 = ir.IntType(32)
+F32 = ir.FloatType()
+
+Index = Union[int, ir.Value]
+
+#: fast-math flags for reductions whose order may change (vectorized sums); all ops are fp32
+#: and checked at 1e-3 relative, so reassociation is allowed where it is declared.
+REASSOC = ("reassoc", "nsz", "contract")
+
+LLVM_TYPES: dict[str, ir.Type] = {
+    "float32": F32,
+    "int64": I64,
+    "int32": I32,
+    "bool": ir.IntType(8),
+}
+
+
+def llvm_type(dtype: str) -> ir.Type:
+    return LLVM_TYPES[dtype]
+
+
+def pointer_type(t: TensorType) -> ir.PointerType:
+    """``elem*`` for rank ≤ 1, else a pointer to the array of the trailing dimensions."""
+    inner: ir.Type = llvm_type(t.dtype)
+    for d in reversed(t.shape[1:]):
+        inner = ir.ArrayType(inner, d)
+    return inner.as_pointer()
+
+
+def sanitize(name: str) -> str:
+    """A compact identifier for block and function names (LLVM quotes the rest)."""
+    s = re.sub(r"[^A-Za-z0-9_.]", "_", name)
+    return s[:48] or "t"
+
+
+class Buffer:
+    """One tensor as seen inside an op function: typed base pointer plus static shape."""
+
+    def __init__(self, kb: KernelBuilder, ptr: ir.Value, ttype: TensorType, name: str):
+        self.kb = kb
+        self.ptr = ptr
+        self.type = ttype
+        self.name = name
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return self.type.shape
+
+    @property
+    def rank(self) -> int:
+        return len(self.type.shape)
+
+    def addr(self, idx: Sequence[Index]) -> ir.Value:
+        if len(idx) != self.rank:
+            raise ValueError(f"{self.name}: {len(idx)} indices for rank {self.rank}")
+        ix = [self.kb.i64(i) for i in idx] if idx else [self.kb.i64(0)]
+        return self.kb.b.gep(self.ptr, ix, inbounds=True)
+
+    def load(self, idx: Sequence[Index]) -> ir.Value:
+        return self.kb.b.load(self.addr(idx))
+
+    def store(self, idx: Sequence[Index], value: ir.Value) -> None:
+        self.kb.b.store(value, self.addr(idx))
+
+    def broadcast_index(self, out_idx: Sequence[Index]) -> list[Index]:
+        """numpy broadcasting: align trailing dims, index 0 along this buffer's size-1 dims."""
+        tail = list(out_idx)[len(out_idx) - self.rank :] if self.rank else []
+        return [0 if d == 1 else i for d, i in zip(self.shape, tail)]
+
+
+class KernelBuilder:
+    """Everything a kernel needs to lower one node into the body of its op function."""
+
+    def __init__(
+        self,
+        module: ir.Module,
+        fn: ir.Function,
+        node: Node,
+        inputs: list[Buffer | None],
+        outputs: list[Buffer],
+        temps: list[Buffer],
+        values: list[np.ndarray | None],
+        in_types: list[TensorType | None],
+    ):
+        self.module = module
+        self.fn = fn
+        self.node = node
+        self.inputs = inputs
+        self.outputs = outputs
+        self.temps = temps
+        #: compile-time values of constant inputs (None where the input is computed)
+        self.values = values
+        self.in_types = in_types
+        self.prefix = sanitize(node.label)
+        self._depth = 0
+        entry = fn.append_basic_block(f"{self.prefix}.entry")
+        self.b = ir.IRBuilder(entry)
+
+    # -- attributes and constants -----------------------------------------------------------
+    @property
+    def attrs(self) -> dict[str, Any]:
+        return self.node.attrs
+
+    def attr(self, name: str, default: Any = None) -> Any:
+        return self.node.attrs.get(name, default)
+
+    def i64(self, v: Index) -> ir.Value:
+        return v if isinstance(v, ir.Value) else ir.Constant(I64, int(v))
+
+    def f32(self, v: float) -> ir.Value:
+        return ir.Constant(F32, float(np.float32(v)))
+
+    # -- loops ------------------------------------------------------------------------------
+    @contextmanager
+    def loop(self, lo: int, hi: int, name: str = "i") -> Iterator[ir.Value]:
+        """``for (iv = lo; iv < hi; ++iv)`` with constant bounds; yields the induction variable."""
+        b = self.b
+        level = self._depth
+        tag = f"{self.prefix}.L{level}.{name}"
+        pre = b.block
+        header = b.append_basic_block(f"{tag}.header")
+        body = b.append_basic_block(f"{tag}.body")
+        exit_ = b.append_basic_block(f"{tag}.exit")
+        b.branch(header)
+        b.position_at_end(header)
+        iv = b.phi(I64, name)
+        iv.add_incoming(self.i64(lo), pre)
+        b.cbranch(b.icmp_signed("<", iv, self.i64(hi)), body, exit_)
+        b.position_at_end(body)
+        self._depth += 1
+        try:
+            yield iv
+        finally:
+            self._depth -= 1
+        nxt = b.add(iv, self.i64(1), flags=["nuw", "nsw"])
+        iv.add_incoming(nxt, b.block)
+        b.branch(header)
+        b.position_at_end(exit_)
+
+    @contextmanager
+    def loops(self, extents: Sequence[int | tuple[int, int]], names: Sequence[str] | None = None) -> Iterator[list[ir.Value]]:
+        """A perfect nest over ``extents`` (ints mean ``range(n)``, pairs ``range(lo, hi)``)."""
+        names = list(names) if names else [f"i{d}" for d in range(len(extents))]
+        with _nest(self, list(extents), names) as ivs:
+            yield ivs
+
+    # -- arithmetic helpers -----------------------------------------------------------------
+    def intrinsic(self, name: str, *args: ir.Value) -> ir.Value:
+        fn = self.module.declare_intrinsic(name, [args[0].type])
+        return self.b.call(fn, list(args))
+
+    def libm(self, name: str, *args: ir.Value) -> ir.Value:
+        """Call a libm function of floats (e.g. ``tanhf``), declared readnone so Polly accepts it."""
+        fn = self.module.globals.get(name)
+        if fn is None:
+            fty = ir.FunctionType(F32, [F32] * len(args))
+            fn = ir.Function(self.module, fty, name)
+            fn.attributes.add("nounwind")
+            fn.attributes.add("readnone")
+        return self.b.call(fn, list(args))
+
+    def exp(self, x: ir.Value) -> ir.Value:
+        return self.intrinsic("llvm.exp", x)
+
+    def sqrt(self, x: ir.Value) -> ir.Value:
+        return self.intrinsic("llvm.sqrt", x)
+
+    def maxf(self, a: ir.Value, c: ir.Value) -> ir.Value:
+        """``a > c ? a : c`` (a select, which vectorizes; equals numpy's maximum on finite data)."""
+        return self.b.select(self.b.fcmp_ordered(">", a, c), a, c)
+
+    def minf(self, a: ir.Value, c: ir.Value) -> ir.Value:
+        return self.b.select(self.b.fcmp_ordered("<", a, c), a, c)
+
+    def fsum(self, a: ir.Value, c: ir.Value, reassoc: bool = False) -> ir.Value:
+        return self.b.fadd(a, c, flags=REASSOC if reassoc else ())
+
+    def fmul(self, a: ir.Value, c: ir.Value, reassoc: bool = False) -> ir.Value:
+        return self.b.fmul(a, c, flags=REASSOC if reassoc else ())
+
+    def fill(self, buf: Buffer, value: float) -> None:
+        """One nest writing ``value`` to every element of ``buf``."""
+        with self.loops(buf.shape, names=[f"z{d}" for d in range(buf.rank)]) as ix:
+            buf.store(ix, self.f32(value))
+
+
+@contextmanager
+def _nest(kb: KernelBuilder, extents: list, names: list[str]) -> Iterator[list[ir.Value]]:
+    if not extents:
+        yield []
+        return
+    first, rest = extents[0], extents[1:]
+    lo, hi = (0, first) if isinstance(first, int) else first
+    with kb.loop(lo, hi, names[0]) as iv:
+        with _nest(kb, rest, names[1:]) as ivs:
+            yield [iv, *ivs]

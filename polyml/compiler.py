@@ -1,0 +1,81 @@
+"""The user-facing entry points: ``polyml.compile(path, **options)`` and ``polyml.load(dir)``."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import tempfile
+import time
+from collections.abc import Mapping
+from pathlib import Path
+
+
+from polyml.driver.build import build_artifact
+from polyml.driver.flags import Options
+from polyml.errors import ModelFormatError
+from polyml.graph import Graph
+from polyml.runtime.model import CompiledModel
+
+
+def read_graph(
+    path: str | os.PathLike,
+    input_shapes: Mapping[str, tuple[int, ...]] | None = None,
+    outputs: list[str] | None = None,
+) -> Graph:
+    """Dispatch on the file type to a frontend."""
+    p = Path(path)
+    suffix = p.suffix.lower()
+    if suffix == ".onnx":
+        from polyml.frontends.onnx import from_onnx
+
+        return from_onnx(p, input_shapes=input_shapes)
+    if suffix in (".pb", ".pbtxt"):
+        try:
+            from polyml.frontends.tensorflow import from_graphdef
+        except ImportError:
+            raise ModelFormatError(f"{p}: the TensorFlow GraphDef frontend is not available in this build") from None
+        return from_graphdef(p, input_shapes=input_shapes, outputs=outputs)
+    raise ModelFormatError(f"{p}: unknown model format {suffix!r} (expected .onnx, .pb or .pbtxt)")
+
+
+def file_sha256(path: str | os.PathLike) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def compile_graph(graph: Graph, output_dir: str | os.PathLike | None = None, emit=(), model_sha256: str = "", frontend_seconds: float = 0.0, **options) -> CompiledModel:
+    opts = Options(**options)
+    tmp = None
+    if output_dir is None:
+        tmp = tempfile.TemporaryDirectory(prefix="polyml-build-")
+        output_dir = tmp.name
+    build_artifact(graph, opts, output_dir, emit=frozenset(emit), model_sha256=model_sha256, frontend_seconds=frontend_seconds)
+    model = CompiledModel(output_dir)
+    model._tmp = tmp  # keeps a temporary artifact alive as long as the model
+    return model
+
+
+def compile(
+    path: str | os.PathLike,
+    output_dir: str | os.PathLike | None = None,
+    *,
+    input_shapes: Mapping[str, tuple[int, ...]] | None = None,
+    outputs: list[str] | None = None,
+    emit=(),
+    **options,
+) -> CompiledModel:
+    """Compile a model file (``.onnx``, ``.pb``) to native code; options as :class:`Options`."""
+    t0 = time.perf_counter()
+    graph = read_graph(path, input_shapes=input_shapes, outputs=outputs)
+    return compile_graph(graph, output_dir, emit=emit, model_sha256=file_sha256(path), frontend_seconds=time.perf_counter() - t0, **options)
+
+
+def load(directory: str | os.PathLike) -> CompiledModel:
+    """Load an artifact folder written by ``polyml build``."""
+    return CompiledModel(directory)
+
+
+__all__ = ["compile", "compile_graph", "load", "read_graph"]

@@ -1,0 +1,166 @@
+"""The compile pipeline: graph → LLVM modules → opt (Polly) → llc → one shared object.
+
+Stages and their outputs in the artifact folder:
+
+1. ``lower``: one ``.ll`` module per Polly policy plus the entry module (kept with ``--emit ll``)
+2. ``opt``: ``opt-19`` with the policy's flags (:mod:`polyml.driver.flags`), modules in parallel
+3. ``llc``: object files for the host CPU
+4. ``link``: ``model.so`` (clang-19, GNU OpenMP), ``weights.bin`` and ``manifest.json``
+
+A failing tool leaves its input and the exact command under ``DIR/failed/`` for reproduction.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shlex
+import shutil
+import subprocess
+import tempfile
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import llvmlite
+
+from polyml import __version__
+from polyml.codegen.lower import LoweredModel, lower_graph
+from polyml.driver import flags
+from polyml.driver.toolchain import host_target, tool, tool_version
+from polyml.errors import ToolchainError
+from polyml.graph import Graph
+
+MANIFEST = "manifest.json"
+LIBRARY = "model.so"
+WEIGHTS = "weights.bin"
+
+
+def run_tool(cmd: list[str], outdir: Path, inputs: list[Path], what: str) -> None:
+    """Run one toolchain command; on failure save its inputs and command line, then raise."""
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    if proc.returncode == 0:
+        return
+    fail = outdir / "failed"
+    fail.mkdir(parents=True, exist_ok=True)
+    saved = []
+    for p in inputs:
+        dst = fail / p.name
+        shutil.copy(p, dst)
+        saved.append(str(dst))
+    repro = shlex.join([str(c) if str(c) not in map(str, inputs) else str(fail / Path(c).name) for c in cmd])
+    (fail / "command.sh").write_text(repro + "\n")
+    (fail / "stderr.txt").write_text(proc.stderr)
+    err = proc.stderr.strip().splitlines()
+    raise ToolchainError(
+        f"{what} failed (exit {proc.returncode}): {err[-1] if err else 'no message'}\n"
+        f"  input saved to: {', '.join(saved)}\n  reproduce with: {repro}"
+    )
+
+
+def sha256_file(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def toolchain_versions() -> dict[str, str]:
+    return {
+        "polyml": __version__,
+        "opt": tool_version("opt"),
+        "llc": tool_version("llc"),
+        "clang": tool_version("clang"),
+        "llvmlite": llvmlite.__version__,
+    }
+
+
+def build_artifact(
+    graph: Graph,
+    options: flags.Options,
+    outdir: str | os.PathLike,
+    emit: frozenset[str] = frozenset(),
+    model_sha256: str = "",
+    frontend_seconds: float = 0.0,
+) -> dict:
+    """Compile ``graph`` into the folder ``outdir``; returns the manifest written there."""
+    out = Path(outdir)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "failed").exists() and shutil.rmtree(out / "failed")
+    seconds: dict[str, float] = {"frontend": round(frontend_seconds, 4)}
+    target = host_target()
+
+    t0 = time.perf_counter()
+    lowered = lower_graph(graph, target)
+    seconds["lower"] = time.perf_counter() - t0
+
+    with tempfile.TemporaryDirectory(prefix="polyml-") as tmp:
+        work = Path(tmp)
+        modules = {**{f"ops.{p}": m for p, m in lowered.modules.items()}, "entry": lowered.entry}
+        t0 = time.perf_counter()
+        sources = {}
+        for name, m in modules.items():
+            path = work / f"{name}.ll"
+            path.write_text(str(m))
+            sources[name] = path
+        seconds["emit"] = time.perf_counter() - t0
+
+        def optimize(name: str) -> tuple[Path, float]:
+            t = time.perf_counter()
+            policy = name.split(".", 1)[1] if name.startswith("ops.") else "off"
+            dst = work / f"{name}.opt.ll"
+            cmd = [tool("opt"), *flags.opt_flags(policy, options), str(sources[name]), "-S", "-o", str(dst)]
+            run_tool(cmd, out, [sources[name]], f"opt ({name})")
+            obj = work / f"{name}.o"
+            run_tool([tool("llc"), *flags.llc_flags(), str(dst), "-o", str(obj)], out, [dst], f"llc ({name})")
+            return obj, time.perf_counter() - t
+
+        t0 = time.perf_counter()
+        with ThreadPoolExecutor(max_workers=max(1, os.cpu_count() or 1)) as pool:
+            results = dict(zip(modules, pool.map(optimize, modules)))
+        seconds["opt+llc"] = time.perf_counter() - t0
+        seconds["opt+llc per module"] = {k: round(v[1], 4) for k, v in results.items()}
+
+        t0 = time.perf_counter()
+        lib = out / LIBRARY
+        objs = [str(o) for o, _ in results.values()]
+        run_tool([tool("clang"), *flags.link_flags(), *objs, "-o", str(lib)], out, [], "link")
+        seconds["link"] = time.perf_counter() - t0
+
+        if "ll" in emit:
+            for name, path in sources.items():
+                shutil.copy(path, out / f"{name}.ll")
+                shutil.copy(work / f"{name}.opt.ll", out / f"{name}.opt.ll")
+
+    (out / WEIGHTS).write_bytes(lowered.weights)
+    manifest = _manifest(graph, lowered, options, model_sha256, seconds, out)
+    (out / MANIFEST).write_text(json.dumps(manifest, indent=1, sort_keys=False) + "\n")
+    return manifest
+
+
+def _manifest(graph: Graph, lowered: LoweredModel, options: flags.Options, model_sha256: str, seconds: dict, out: Path) -> dict:
+    for k, v in seconds.items():
+        if isinstance(v, float):
+            seconds[k] = round(v, 4)
+    target = host_target()
+    return {
+        "format": 1,
+        "model": {"name": graph.name, "sha256": model_sha256},
+        "versions": toolchain_versions(),
+        "target": {"triple": target.triple, "cpu": target.cpu},
+        "options": options.to_json(),
+        "opt_flags": {p: flags.opt_flags(p, options) for p in lowered.modules},
+        "inputs": [{"name": n, "shape": list(t.shape), "dtype": t.dtype} for n, t in lowered.inputs.items()],
+        "outputs": [{"name": n, "shape": list(t.shape), "dtype": t.dtype} for n, t in lowered.outputs.items()],
+        "slots": [s.to_json() for s in lowered.slots],
+        "arena_bytes": lowered.arena_bytes,
+        "weights_bytes": len(lowered.weights),
+        "intermediate_bytes": lowered.intermediate_bytes,
+        "functions": [
+            {"function": s.function, "node": s.node, "op_type": s.op_type, "policy": s.policy} for s in lowered.steps
+        ],
+        "seconds": seconds,
+        "files": {LIBRARY: sha256_file(out / LIBRARY), WEIGHTS: sha256_file(out / WEIGHTS)},
+    }

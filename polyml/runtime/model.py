@@ -1,0 +1,120 @@
+"""Loading a compiled artifact and calling it from Python with numpy arrays.
+
+The artifact's ``model.so`` exports ``polyml_main(void **table)``.  The runtime owns the table:
+weights (``weights.bin``, read once into 64-byte aligned memory), an arena for intermediates,
+the caller's inputs and freshly allocated outputs.  Every input is checked (name, dtype, shape;
+non-contiguous arrays are copied) before any native code sees a pointer.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import os
+import threading
+from pathlib import Path
+
+import numpy as np
+
+from polyml.errors import InputError, ModelFormatError
+
+ALIGN = 64
+
+
+def aligned_empty(nbytes: int) -> np.ndarray:
+    """A uint8 array of ``nbytes`` whose data pointer is 64-byte aligned."""
+    raw = np.empty(nbytes + ALIGN, dtype=np.uint8)
+    shift = (-raw.ctypes.data) % ALIGN
+    return raw[shift : shift + nbytes]
+
+
+_gomp = None
+
+
+def set_num_threads(n: int) -> None:
+    """Set the OpenMP thread count used by Polly's parallel loops (0 keeps the default)."""
+    global _gomp
+    if n <= 0:
+        return
+    if _gomp is None:
+        _gomp = ctypes.CDLL("libgomp.so.1")
+    _gomp.omp_set_num_threads(ctypes.c_int(n))
+
+
+class CompiledModel:
+    """A compiled model: ``run({name: array}) -> {name: array}``."""
+
+    def __init__(self, directory: str | os.PathLike):
+        self.dir = Path(directory)
+        mpath = self.dir / "manifest.json"
+        try:
+            self.manifest = json.loads(mpath.read_text())
+        except FileNotFoundError:
+            raise ModelFormatError(f"{self.dir} is not a polyml artifact (no manifest.json)") from None
+        except json.JSONDecodeError as e:
+            raise ModelFormatError(f"{mpath}: malformed manifest ({e})") from None
+        m = self.manifest
+        self.inputs = {i["name"]: (tuple(i["shape"]), np.dtype(i["dtype"])) for i in m["inputs"]}
+        self.outputs = {o["name"]: (tuple(o["shape"]), np.dtype(o["dtype"])) for o in m["outputs"]}
+        self._slots = m["slots"]
+        weights_file = self.dir / "weights.bin"
+        nbytes = weights_file.stat().st_size
+        if nbytes != m["weights_bytes"]:
+            raise ModelFormatError(f"{weights_file}: {nbytes} bytes, manifest says {m['weights_bytes']}")
+        self._weights = aligned_empty(max(nbytes, 1))
+        with open(weights_file, "rb") as f:
+            f.readinto(memoryview(self._weights)[:nbytes])
+        self._arena = aligned_empty(max(m["arena_bytes"], 1))
+        self._lib = ctypes.CDLL(str((self.dir / "model.so").resolve()))
+        self._main = self._lib.polyml_main
+        self._main.argtypes = [ctypes.POINTER(ctypes.c_void_p)]
+        self._main.restype = None
+        nslots = ctypes.c_int32.in_dll(self._lib, "polyml_num_slots").value
+        if nslots != len(self._slots):
+            raise ModelFormatError(f"{self.dir}: model.so has {nslots} slots, manifest {len(self._slots)}")
+        self._table = (ctypes.c_void_p * len(self._slots))()
+        for i, s in enumerate(self._slots):
+            if s["kind"] == "weight":
+                self._table[i] = self._weights.ctypes.data + s["offset"]
+            elif s["kind"] == "arena":
+                self._table[i] = self._arena.ctypes.data + s["offset"]
+        self._lock = threading.Lock()
+        set_num_threads(int(m["options"].get("threads", 0)))
+
+    def check_inputs(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """Validate names, dtypes and shapes; return C-contiguous arrays ready for native code."""
+        if not isinstance(feeds, dict):
+            raise InputError(f"inputs must be a dict of name -> numpy array, got {type(feeds).__name__}")
+        missing = [n for n in self.inputs if n not in feeds]
+        extra = [n for n in feeds if n not in self.inputs]
+        if missing or extra:
+            raise InputError(
+                f"input names do not match the model: missing {missing}, unexpected {extra}; "
+                f"expected {list(self.inputs)}"
+            )
+        ready = {}
+        for name, (shape, dtype) in self.inputs.items():
+            a = feeds[name]
+            if not isinstance(a, np.ndarray):
+                raise InputError(f"input {name!r}: expected a numpy array, got {type(a).__name__}")
+            if a.dtype != dtype:
+                raise InputError(f"input {name!r}: dtype {a.dtype}, the model expects {dtype}")
+            if a.shape != shape:
+                raise InputError(f"input {name!r}: shape {a.shape}, the model expects {shape}")
+            ready[name] = np.ascontiguousarray(a)
+        return ready
+
+    def run(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        ready = self.check_inputs(feeds)
+        outs = {n: np.empty(shape, dtype) for n, (shape, dtype) in self.outputs.items()}
+        with self._lock:
+            for i, s in enumerate(self._slots):
+                if s["kind"] == "input":
+                    self._table[i] = ready[s["name"]].ctypes.data
+                elif s["kind"] == "output":
+                    self._table[i] = outs[s["name"]].ctypes.data
+            self._main(self._table)
+        return outs
+
+    def __repr__(self) -> str:
+        return f"CompiledModel({str(self.dir)!r}, inputs={list(self.inputs)}, outputs={list(self.outputs)})"
