@@ -1,0 +1,27 @@
+# polyml: `make demo` and `make test` set everything up on a fresh machine (scripts/install.sh).
+VENV ?= .venv
+PY := $(VENV)/bin/python
+PYTEST_WORKERS ?= 2
+
+.PHONY: setup demo test test-fast lint bench clean
+
+setup:
+	@scripts/install.sh $(VENV)
+
+demo: setup
+	@$(PY) scripts/demo.py
+
+test: setup
+	$(PY) -m pytest -n $(PYTEST_WORKERS) --durations=15 tests
+
+test-fast: setup
+	$(PY) -m pytest -n $(PYTEST_WORKERS) -m "not slow and not nodesuite" tests
+
+lint: setup
+	$(VENV)/bin/ruff check polyml kernels passes scripts tests
+
+bench: setup
+	$(PY) scripts/bench_cnns.py
+
+clean:
+	rm -rf build dist *.egg-info .pytest_cache

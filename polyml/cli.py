@@ -1,0 +1,151 @@
+"""The ``polyml`` command line: build, run (more subcommands register in ``COMMANDS``)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
+
+from polyml.errors import InputError, PolymlError
+
+console = Console(stderr=True)
+out = Console()
+
+
+def parse_shape(spec: str) -> tuple[str, tuple[int, ...]]:
+    """``NAME=1x3x224x224`` → (NAME, (1, 3, 224, 224))."""
+    name, sep, dims = spec.rpartition("=")
+    try:
+        shape = tuple(int(d) for d in dims.lower().split("x"))
+    except ValueError:
+        shape = ()
+    if not sep or not name or not shape or any(d < 0 for d in shape):
+        raise PolymlError(f"--input-shape {spec!r}: expected NAME=D0xD1x...")
+    return name, shape
+
+
+def _add_build_options(p: argparse.ArgumentParser, outputs_flag: str = "--outputs") -> None:
+    p.add_argument("--polly", action=argparse.BooleanOptionalAction, default=True, help="optimize with Polly (default on)")
+    p.add_argument("--fuse", action=argparse.BooleanOptionalAction, default=False, help="polyhedral operator fusion")
+    p.add_argument("--threads", type=int, default=0, help="OpenMP threads (default: all cores)")
+    p.add_argument("--input-shape", action="append", default=[], metavar="NAME=1x3x224x224",
+                   help="fix the shape of a graph input with symbolic dimensions (repeatable)")
+    p.add_argument(outputs_flag, dest="output_names", default=None,
+                   help="comma-separated output tensor names (TensorFlow graphs; default: the graph's sinks)")
+
+
+def _compile(args: argparse.Namespace, model: Path, outdir: Path, emit: list[str]):
+    from polyml.compiler import compile as polyml_compile
+
+    if args.fuse:
+        console.print("[yellow]note:[/] --fuse: the fusion pass is not available in this version; building one nest per op")
+    shapes = dict(parse_shape(s) for s in args.input_shape)
+    outputs = args.output_names.split(",") if args.output_names else None
+    return polyml_compile(model, outdir, input_shapes=shapes, outputs=outputs, emit=emit, polly=args.polly, threads=args.threads)
+
+
+def cmd_build(args: argparse.Namespace) -> int:
+    model = Path(args.model)
+    t0 = time.perf_counter()
+    compiled = _compile(args, model, Path(args.output), args.emit)
+    m = compiled.manifest
+    table = Table(title=f"polyml build {model.name} → {args.output}", show_header=True)
+    table.add_column("stage")
+    table.add_column("seconds", justify="right")
+    for k, v in m["seconds"].items():
+        if isinstance(v, (int, float)):
+            table.add_row(k, f"{v:.3f}")
+    table.add_row("total", f"{time.perf_counter() - t0:.3f}")
+    console.print(table)
+    policies: dict[str, int] = {}
+    for f in m["functions"]:
+        policies[f["policy"]] = policies.get(f["policy"], 0) + 1
+    console.print(
+        f"{len(m['functions'])} op functions ({', '.join(f'{v} {k}' for k, v in sorted(policies.items()))}); "
+        f"weights {m['weights_bytes'] / 1e6:.1f} MB, arena {m['arena_bytes'] / 1e6:.1f} MB"
+    )
+    return 0
+
+
+def _load_npz(path: str) -> dict[str, np.ndarray]:
+    try:
+        with np.load(path, allow_pickle=False) as z:
+            return {k: z[k] for k in z.files}
+    except FileNotFoundError:
+        raise InputError(f"{path}: no such inputs file") from None
+    except Exception as e:
+        raise InputError(f"{path}: not a readable .npz file ({e})") from None
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from polyml.runtime.model import CompiledModel
+
+    target = Path(args.model)
+    feeds = _load_npz(args.inputs)
+    tmp = None
+    if target.is_dir():
+        compiled = CompiledModel(target)
+    else:
+        tmp = tempfile.TemporaryDirectory(prefix="polyml-run-")
+        compiled = _compile(args, target, Path(tmp.name), [])
+    try:
+        results = compiled.run(feeds)
+        if args.outputs_file:
+            np.savez(args.outputs_file, **results)
+        for name, a in results.items():
+            out.print(f"{name}: {a.dtype}{list(a.shape)} min {a.min():.6g} max {a.max():.6g} mean {a.mean():.6g}"
+                      if a.size else f"{name}: {a.dtype}{list(a.shape)} (empty)")
+    finally:
+        if tmp is not None:
+            tmp.cleanup()
+    return 0
+
+
+COMMANDS: dict[str, tuple[Callable[[argparse.Namespace], int], Callable[[argparse.ArgumentParser], None], str]] = {}
+
+
+def _build_parser(p: argparse.ArgumentParser) -> None:
+    p.add_argument("model", help="model file (.onnx, .pb, .pbtxt)")
+    p.add_argument("-o", "--output", required=True, help="artifact folder to write")
+    p.add_argument("--emit", action="append", default=[], choices=["ll"], help="also write the IR before and after opt")
+    _add_build_options(p)
+
+
+def _run_parser(p: argparse.ArgumentParser) -> None:
+    p.add_argument("model", help="artifact folder, or a model file (compiled first with the defaults)")
+    p.add_argument("--inputs", required=True, help=".npz keyed by graph input names")
+    p.add_argument("--outputs", dest="outputs_file", default=None, help=".npz to write, keyed by output names")
+    _add_build_options(p, outputs_flag="--output-names")
+
+
+COMMANDS["build"] = (cmd_build, _build_parser, "compile a model to an artifact folder")
+COMMANDS["run"] = (cmd_run, _run_parser, "run a model or artifact on inputs from an .npz")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="polyml", description="polyhedral compiler for ONNX and TensorFlow models")
+    sub = parser.add_subparsers(dest="command", required=True)
+    for name, (fn, add, help_) in COMMANDS.items():
+        p = sub.add_parser(name, help=help_, description=help_)
+        add(p)
+        p.set_defaults(func=fn)
+    args = parser.parse_args(argv)
+    try:
+        return args.func(args)
+    except PolymlError as e:
+        console.print(f"[bold red]error:[/] {escape(str(e))}", highlight=False)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())
