@@ -53,7 +53,7 @@ class Step:
 
 @dataclass
 class LoweredModel:
-    modules: dict[str, ir.Module]  # policy -> module of op functions
+    modules: dict[str, ir.Module]  # "<policy>.<chunk>" -> module of op functions
     entry: ir.Module
     slots: list[Slot]
     steps: list[Step]
@@ -96,7 +96,9 @@ class _Copy(Kernel):
             dst.store([e], src.load([e]))
 
 
-def lower_graph(graph: Graph, target: HostTarget) -> LoweredModel:
+def lower_graph(graph: Graph, target: HostTarget, chunks: int = 1) -> LoweredModel:
+    """Lower ``graph``; op functions of one policy are dealt round-robin into ``chunks`` modules
+    so that ``opt`` can work on them in parallel."""
     kernels = registry()
     types = graph.types
     modules: dict[str, ir.Module] = {}
@@ -152,9 +154,10 @@ def lower_graph(graph: Graph, target: HostTarget) -> LoweredModel:
     def emit(node: Node, kernel: Kernel, in_names: list[str], in_types: list[TensorType | None], out_names: list[str], out_types: list[TensorType]) -> None:
         ops = [Operand(t, tt, graph.constants.get(t)) if t and tt else None for t, tt in zip(in_names, in_types)]
         temp_types = kernel.temps(node, ops, out_types)
-        module = modules.get(kernel.polly)
+        key = f"{kernel.polly}.{len(steps) % chunks}"
+        module = modules.get(key)
         if module is None:
-            module = modules[kernel.polly] = new_module(f"polyml.{kernel.polly}", target)
+            module = modules[key] = new_module(f"polyml.{key}", target)
         params: list[tuple[int, TensorType, str]] = []  # (slot, type-as-seen, role)
         for i, t in enumerate(in_names):
             if not t or i in kernel.static_inputs:
@@ -213,9 +216,12 @@ def lower_graph(graph: Graph, target: HostTarget) -> LoweredModel:
             continue
         src = storage(node_input_of_alias(name, producers, kernels))
         flat = TensorType((types[name].size,), types[name].dtype)
-        slot_of[name] = len(slots)
+        # the output slot gets its own key: ``src`` may be this very tensor (a constant or a
+        # graph input that is also a graph output) and must keep resolving to its storage
+        key = f"{name}#output"
+        slot_of[key] = len(slots)
         slots.append(Slot("output", name, types[name].nbytes))
-        emit(Node(f"copy_{name}", "polyml.Copy", [src], [name]), copy, [src], [flat], [name], [flat])
+        emit(Node(f"copy_{name}", "polyml.Copy", [src], [key]), copy, [src], [flat], [key], [flat])
 
     arena = _plan_arena(slots, live_ranges)
     entry = _entry_module(steps, len(slots), target)

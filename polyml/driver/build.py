@@ -93,7 +93,7 @@ def build_artifact(
     target = host_target()
 
     t0 = time.perf_counter()
-    lowered = lower_graph(graph, target)
+    lowered = lower_graph(graph, target, chunks=os.cpu_count() or 1)
     seconds["lower"] = time.perf_counter() - t0
 
     with tempfile.TemporaryDirectory(prefix="polyml-") as tmp:
@@ -109,7 +109,7 @@ def build_artifact(
 
         def optimize(name: str) -> tuple[Path, float]:
             t = time.perf_counter()
-            policy = name.split(".", 1)[1] if name.startswith("ops.") else "off"
+            policy = name.split(".")[1] if name.startswith("ops.") else "off"
             dst = work / f"{name}.opt.ll"
             cmd = [tool("opt"), *flags.opt_flags(policy, options), str(sources[name]), "-S", "-o", str(dst)]
             run_tool(cmd, out, [sources[name]], f"opt ({name})")
@@ -151,7 +151,7 @@ def _manifest(graph: Graph, lowered: LoweredModel, options: flags.Options, model
         "versions": toolchain_versions(),
         "target": {"triple": target.triple, "cpu": target.cpu},
         "options": options.to_json(),
-        "opt_flags": {p: flags.opt_flags(p, options) for p in lowered.modules},
+        "opt_flags": {p: flags.opt_flags(p, options) for p in sorted({k.split(".")[0] for k in lowered.modules})},
         "inputs": [{"name": n, "shape": list(t.shape), "dtype": t.dtype} for n, t in lowered.inputs.items()],
         "outputs": [{"name": n, "shape": list(t.shape), "dtype": t.dtype} for n, t in lowered.outputs.items()],
         "slots": [s.to_json() for s in lowered.slots],

@@ -1,0 +1,136 @@
+"""Compile time and latency of polyml (Polly on and off) next to onnxruntime on the nine light CNNs.
+
+Each model gets seeded random weights (polyml.testing.randomize_weights) and one random input.
+Latencies are medians over ``--repeat`` rounds in which the three runners alternate, after
+warm-up, all in this process and with the same thread count; the ratio column is
+polyml-with-Polly / onnxruntime. Prints a markdown table (for docs/PERFORMANCE.md).
+
+    python scripts/bench_cnns.py [--models resnet50,vgg19] [--repeat 10] [--threads 2] [--json out.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import onnx
+
+import polyml
+from polyml.testing import LIGHT_MODELS, light_model_path, randomize_weights, random_inputs, rel_error
+
+
+def conv_gemm_flops(model: onnx.ModelProto) -> float:
+    """Multiply-adds ×2 of Conv, Gemm and MatMul nodes (from onnx shape inference)."""
+    import numpy as np
+    from onnx import numpy_helper, shape_inference
+
+    m = shape_inference.infer_shapes(model)
+    shapes = {}
+    for vi in list(m.graph.value_info) + list(m.graph.input) + list(m.graph.output):
+        shapes[vi.name] = [d.dim_value for d in vi.type.tensor_type.shape.dim]
+    for i in m.graph.initializer:
+        shapes[i.name] = list(numpy_helper.to_array(i).shape)
+    flops = 0.0
+    for n in m.graph.node:
+        if n.op_type == "Conv" and n.output[0] in shapes and n.input[1] in shapes:
+            w = shapes[n.input[1]]
+            flops += 2.0 * float(np.prod(shapes[n.output[0]])) * float(np.prod(w[1:]))
+        elif n.op_type in ("Gemm", "MatMul") and n.output[0] in shapes and n.input[0] in shapes:
+            a = shapes[n.input[0]]
+            k = a[0] if (n.op_type == "Gemm" and any(at.name == "transA" and at.i for at in n.attribute)) else a[-1]
+            flops += 2.0 * float(np.prod(shapes[n.output[0]])) * k
+    return flops
+
+
+def bench_model(name: str, repeat: int, threads: int, work: Path) -> dict:
+    import onnxruntime as ort
+
+    model = randomize_weights(onnx.load(str(light_model_path(name))), seed=0)
+    path = work / f"{name}.onnx"
+    onnx.save(model, str(path))
+    feeds = random_inputs(model, seed=1)
+    flops = conv_gemm_flops(model)
+
+    runners = {}
+    compile_s = {}
+    for label, polly in (("polly", True), ("no-polly", False)):
+        t0 = time.perf_counter()
+        runners[label] = polyml.compile(path, work / f"{name}.{label}", polly=polly, threads=threads)
+        compile_s[label] = time.perf_counter() - t0
+    so = ort.SessionOptions()
+    so.intra_op_num_threads = threads
+    sess = ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"])
+    out_name = sess.get_outputs()[0].name
+    ref = sess.run([out_name], feeds)[0]
+    errors = {k: rel_error(r.run(feeds)[out_name], ref) for k, r in runners.items()}
+
+    calls = {k: (lambda r=r: r.run(feeds)) for k, r in runners.items()}
+    calls["onnxruntime"] = lambda: sess.run([out_name], feeds)
+    for f in calls.values():  # warm-up
+        f()
+    times: dict[str, list[float]] = {k: [] for k in calls}
+    for _ in range(repeat):
+        for k, f in calls.items():
+            t = time.perf_counter()
+            f()
+            times[k].append(time.perf_counter() - t)
+    med = {k: statistics.median(v) for k, v in times.items()}
+    return {
+        "model": name,
+        "gflop": flops / 1e9,
+        "compile_s": compile_s,
+        "median_ms": {k: v * 1e3 for k, v in med.items()},
+        "min_ms": {k: min(v) * 1e3 for k, v in times.items()},
+        "max_ms": {k: max(v) * 1e3 for k, v in times.items()},
+        "gflops": {k: flops / v / 1e9 for k, v in med.items()},
+        "ratio_polly_vs_ort": med["polly"] / med["onnxruntime"],
+        "rel_error": errors,
+        "stages_s": runners["polly"].manifest["seconds"],
+    }
+
+
+def markdown(rows: list[dict]) -> str:
+    lines = [
+        "| model | GFLOP | compile s (Polly / no Polly) | polyml Polly ms | polyml no-Polly ms | onnxruntime ms "
+        "| Polly GFLOP/s | ratio Polly/ORT | max rel err |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for r in rows:
+        m = r["median_ms"]
+        lines.append(
+            f"| {r['model']} | {r['gflop']:.2f} | {r['compile_s']['polly']:.1f} / {r['compile_s']['no-polly']:.1f} "
+            f"| {m['polly']:.1f} | {m['no-polly']:.1f} | {m['onnxruntime']:.1f} | {r['gflops']['polly']:.1f} "
+            f"| {r['ratio_polly_vs_ort']:.2f} | {max(r['rel_error'].values()):.1e} |"
+        )
+    return "\n".join(lines)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--models", default=",".join(LIGHT_MODELS))
+    ap.add_argument("--repeat", type=int, default=10)
+    ap.add_argument("--threads", type=int, default=os.cpu_count() or 1)
+    ap.add_argument("--json", default=None)
+    args = ap.parse_args()
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="polyml-bench-") as tmp:
+        for name in args.models.split(","):
+            r = bench_model(name, args.repeat, args.threads, Path(tmp))
+            rows.append(r)
+            print(f"{name}: " + ", ".join(f"{k} {v:.1f} ms" for k, v in r["median_ms"].items())
+                  + f", compile {r['compile_s']['polly']:.1f}s", file=sys.stderr, flush=True)
+    print(f"threads={args.threads} repeat={args.repeat} (medians of alternating runs)\n")
+    print(markdown(rows))
+    if args.json:
+        Path(args.json).write_text(json.dumps(rows, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

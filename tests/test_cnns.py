@@ -1,0 +1,35 @@
+"""Acceptance: the nine light CNNs of the onnx wheel, random weights, through `polyml run` with
+Polly, match onnxruntime to max|Δ|/max|ref| ≤ 1e-3."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import pytest
+
+from polyml import cli
+from polyml.testing import LIGHT_MODELS, light_model_path, onnxruntime_run, randomize_weights, random_inputs, rel_error
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.mark.parametrize("name", LIGHT_MODELS)
+def test_light_cnn_matches_onnxruntime(name: str, tmp_path) -> None:
+    model = randomize_weights(onnx.load(str(light_model_path(name))), seed=0)
+    path = tmp_path / f"{name}.onnx"
+    onnx.save(model, str(path))
+    feeds = random_inputs(model, seed=1)
+    np.savez(tmp_path / "in.npz", **feeds)
+
+    rc = cli.main(["run", str(path), "--polly", "--inputs", str(tmp_path / "in.npz"), "--outputs", str(tmp_path / "out.npz")])
+    assert rc == 0
+
+    ref = onnxruntime_run(model, feeds)
+    with np.load(tmp_path / "out.npz") as got:
+        assert set(got.files) == set(ref)
+        for k in ref:
+            assert got[k].shape == ref[k].shape
+            err = rel_error(got[k], ref[k])
+            assert err <= 1e-3, f"{name} output {k}: max|Δ|/max|ref| = {err:.2e}"
+            # a constant or all-zero output would make the comparison meaningless
+            assert np.ptp(ref[k]) > 0
