@@ -126,6 +126,6 @@ def single_node_model(op_type: str, inputs: dict[str, np.ndarray | tuple], outpu
             vis.append(helper.make_tensor_value_info(name, helper.np_dtype_to_tensor_dtype(a.dtype), list(a.shape)))
     inits = [numpy_helper.from_array(v, k) for k, v in (initializers or {}).items()]
     node = helper.make_node(op_type, list(inputs) + list(initializers or {}), outputs, name=f"{op_type.lower()}0", **attrs)
-    outs = [helper.make_tensor_value_info(o, onnx.TensorProto.UNDEFINED, None) for o in outputs]
+    outs = [helper.make_empty_tensor_value_info(o) for o in outputs]
     graph = helper.make_graph([node], f"{op_type}_test", vis, outs, initializer=inits)
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])

@@ -38,24 +38,33 @@ WEIGHTS = "weights.bin"
 
 
 def run_tool(cmd: list[str], outdir: Path, inputs: list[Path], what: str) -> None:
-    """Run one toolchain command; on failure save its inputs and command line, then raise."""
+    """Run one toolchain command; on failure save its inputs and a reproducing command, then raise.
+
+    Everything lands in ``outdir/failed/<input stem>.*``: the input files, ``.command.sh`` (the
+    command with its input and ``-o`` paths pointing into ``failed/``) and ``.stderr.txt``.
+    """
     proc = subprocess.run(cmd, capture_output=True, text=True)
     if proc.returncode == 0:
         return
     fail = outdir / "failed"
     fail.mkdir(parents=True, exist_ok=True)
-    saved = []
-    for p in inputs:
-        dst = fail / p.name
-        shutil.copy(p, dst)
-        saved.append(str(dst))
-    repro = shlex.join([str(c) if str(c) not in map(str, inputs) else str(fail / Path(c).name) for c in cmd])
-    (fail / "command.sh").write_text(repro + "\n")
-    (fail / "stderr.txt").write_text(proc.stderr)
-    err = proc.stderr.strip().splitlines()
+    stem = inputs[0].stem if inputs else what.split()[0]
+    moved = {str(p): str(fail / p.name) for p in inputs}
+    for src, dst in moved.items():
+        shutil.copy(src, dst)
+    repro = []
+    for i, arg in enumerate(cmd):
+        if i > 0 and cmd[i - 1] == "-o":
+            arg = str(fail / f"{Path(arg).stem}.out{Path(arg).suffix}")
+        repro.append(moved.get(str(arg), str(arg)))
+    command = shlex.join(repro)
+    (fail / f"{stem}.command.sh").write_text(command + "\n")
+    (fail / f"{stem}.stderr.txt").write_text(proc.stderr)
+    lines = [ln for ln in proc.stderr.strip().splitlines() if ln.strip()]
+    first_error = next((ln for ln in lines if "error" in ln.lower() or "unknown" in ln.lower()), lines[0] if lines else "")
     raise ToolchainError(
-        f"{what} failed (exit {proc.returncode}): {err[-1] if err else 'no message'}\n"
-        f"  input saved to: {', '.join(saved)}\n  reproduce with: {repro}"
+        f"{what} failed (exit {proc.returncode}): {first_error or 'no message'}\n"
+        f"  input saved to: {', '.join(moved.values()) or '-'}\n  reproduce with: {command}"
     )
 
 
