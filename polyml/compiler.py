@@ -9,7 +9,6 @@ import time
 from collections.abc import Mapping
 from pathlib import Path
 
-
 from polyml.driver.build import build_artifact
 from polyml.driver.flags import Options
 from polyml.errors import ModelFormatError

@@ -22,7 +22,7 @@ from pathlib import Path
 import onnx
 
 import polyml
-from polyml.testing import LIGHT_MODELS, light_model_path, randomize_weights, random_inputs, rel_error
+from polyml.testing import LIGHT_MODELS, light_model_path, random_inputs, randomize_weights, rel_error
 
 
 def conv_gemm_flops(model: onnx.ModelProto) -> float:

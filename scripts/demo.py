@@ -16,7 +16,7 @@ import numpy as np
 import onnx
 
 import polyml
-from polyml.testing import light_model_path, onnxruntime_run, randomize_weights, random_inputs, rel_error
+from polyml.testing import light_model_path, onnxruntime_run, random_inputs, randomize_weights, rel_error
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 import re
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from typing import Any, Union
+from typing import Any
 
 import llvmlite.ir as ir
 import numpy as np
@@ -24,7 +24,7 @@ I64 = ir.IntType(64)
 I32 = ir.IntType(32)
 F32 = ir.FloatType()
 
-Index = Union[int, ir.Value]
+Index = int | ir.Value
 
 #: fast-math flags for reductions whose order may change (vectorized sums); all ops are fp32
 #: and checked at 1e-3 relative, so reassociation is allowed where it is declared.

@@ -16,11 +16,11 @@ from dataclasses import dataclass, field
 import llvmlite.ir as ir
 import numpy as np
 
-from polyml.kernels import Kernel, Operand, registry
 from polyml.codegen.builder import I64, Buffer, KernelBuilder, pointer_type, sanitize
 from polyml.driver.toolchain import HostTarget
 from polyml.errors import PolymlError
 from polyml.graph import Graph, Node, TensorType
+from polyml.kernels import Kernel, Operand, registry
 
 ALIGN = 64
 ENTRY = "polyml_main"
@@ -254,7 +254,7 @@ def _plan_arena(slots: list[Slot], live: dict[int, list[int]]) -> int:
     for s in sorted(live, key=lambda s: (live[s][0], -slots[s].nbytes)):
         first, last = live[s]
         size = _align(max(slots[s].nbytes, 1))
-        busy = sorted((o, o + n) for o, n, f, l in placed if not (l < first or f > last))
+        busy = sorted((o, o + n) for o, n, lo, hi in placed if not (hi < first or lo > last))
         offset = 0
         for lo, hi in busy:
             if offset + size <= lo:

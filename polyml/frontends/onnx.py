@@ -16,9 +16,9 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
-from polyml.kernels import Operand, registry
 from polyml.errors import GraphError, ModelFormatError, ShapeError, UnsupportedError
 from polyml.graph import Graph, Node, TensorType
+from polyml.kernels import Operand, registry
 
 #: ops folded whenever their input's type is known, even if its value is not
 SHAPE_OPS = {"Shape", "Size"}
