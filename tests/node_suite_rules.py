@@ -1,0 +1,216 @@
+"""Which cases of ONNX's node test suite polyml is expected to pass, and why the others are not.
+
+The rule, applied to each case's model (``onnx.backend.test`` builds them in memory; this onnx
+wheel ships no ``data/node`` folder):
+
+1. every node's op type is in :data:`OP_SET` (default domain);
+2. every tensor of the graph (inputs, outputs, initializers, Constant values and intermediates,
+   typed by ONNX shape inference) is float32, except int64 tensors that are consumed only at
+   shape-like operand positions (:data:`SHAPE_OPERANDS`) and are not graph outputs;
+3. no node uses a feature polyml deliberately leaves out (:func:`unsupported_feature`).
+
+Cases failing 1 or 2 are out of scope; cases passing 1 and 2 but failing 3 are the explicit
+exclusions.  ``python tests/node_suite_rules.py`` writes the reviewable list to
+``docs/ONNX_NODE_SUITE.md`` (a test checks that it is current).
+"""
+
+from __future__ import annotations
+
+import io
+import sys
+import warnings
+from dataclasses import dataclass, field
+from functools import cache
+from pathlib import Path
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper
+
+#: the op types polyml lowers (or folds at compile time)
+OP_SET: frozenset[str] = frozenset(
+    """Conv Gemm MatMul BatchNormalization Relu LeakyRelu Clip Sigmoid Tanh Add Sub Mul Div Sum Max
+    Min MaxPool AveragePool GlobalAveragePool GlobalMaxPool Concat Reshape Flatten Transpose Softmax
+    LRN Dropout Identity Constant ConstantOfShape Unsqueeze Squeeze Pad""".split()
+)
+
+#: input positions holding shape-like int64 operands (compile-time constants in polyml)
+SHAPE_OPERANDS: dict[str, tuple[int, ...]] = {
+    "Reshape": (1,),  # shape
+    "Pad": (1, 3),  # pads, axes
+    "Squeeze": (1,),  # axes
+    "Unsqueeze": (1,),  # axes
+    "ConstantOfShape": (0,),  # shape
+}
+
+
+def _attr(node: onnx.NodeProto, name: str, default: object = None) -> object:
+    for a in node.attribute:
+        if a.name == name:
+            v = helper.get_attribute_value(a)
+            return v.decode() if isinstance(v, bytes) else v
+    return default
+
+
+def _n_outputs(node: onnx.NodeProto) -> int:
+    return sum(1 for o in node.output if o)
+
+
+def unsupported_feature(n: onnx.NodeProto) -> str | None:
+    """Why polyml deliberately leaves out this use of an op of the set (None: it does not)."""
+    if n.op_type == "Pad" and _attr(n, "mode", "constant") != "constant":
+        return f"Pad {_attr(n, 'mode')} mode"
+    if n.op_type == "BatchNormalization" and (_attr(n, "training_mode", 0) or _n_outputs(n) > 1):
+        return "BatchNormalization training mode (batch statistics outputs)"
+    if n.op_type == "MaxPool" and _n_outputs(n) > 1:
+        return "MaxPool Indices output"
+    if n.op_type == "Dropout" and _n_outputs(n) > 1:
+        return "Dropout mask output"
+    return None
+
+
+@dataclass
+class Verdict:
+    """One case: its op types and why it is not run (empty ``reasons``: eligible)."""
+
+    name: str
+    ops: list[str]
+    reasons: list[str] = field(default_factory=list)
+    #: True when the only reasons are deliberate exclusions (rule 3)
+    deliberate: bool = False
+
+    @property
+    def eligible(self) -> bool:
+        return not self.reasons
+
+    @property
+    def in_op_set(self) -> bool:
+        """Whether the case uses at least one op of polyml's set."""
+        return any(op in OP_SET for op in self.ops)
+
+
+def _dtype(elem_type: int) -> str:
+    if elem_type == TensorProto.UNDEFINED:
+        return "undefined"
+    try:
+        return np.dtype(helper.tensor_dtype_to_np_dtype(elem_type)).name
+    except Exception:
+        return TensorProto.DataType.Name(elem_type).lower()
+
+
+def _tensor_types(model: onnx.ModelProto) -> dict[str, int | None]:
+    """elem_type of every named value (None for non-tensor values: sequences, optionals)."""
+    g = model.graph
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            inferred = onnx.shape_inference.infer_shapes(model).graph
+        value_info = list(inferred.value_info)
+    except Exception:
+        value_info = []
+    types: dict[str, int | None] = {}
+    for vi in [*value_info, *g.input, *g.output]:
+        types[vi.name] = vi.type.tensor_type.elem_type if vi.type.HasField("tensor_type") else None
+    for init in g.initializer:
+        types[init.name] = init.data_type
+    for n in g.node:
+        if n.op_type == "Constant" and n.output:
+            for a in n.attribute:
+                if a.name == "value":
+                    types[n.output[0]] = a.t.data_type
+                elif a.name in ("value_float", "value_floats"):
+                    types[n.output[0]] = TensorProto.FLOAT
+                elif a.name in ("value_int", "value_ints"):
+                    types[n.output[0]] = TensorProto.INT64
+                elif a.name.startswith("value_string") or a.name == "sparse_value":
+                    types[n.output[0]] = None
+    return types
+
+
+def judge(name: str, model: onnx.ModelProto) -> Verdict:
+    """Apply the eligibility rule to one case."""
+    g = model.graph
+    ops = sorted({n.op_type if n.domain in ("", "ai.onnx") else f"{n.domain}.{n.op_type}" for n in g.node})
+    v = Verdict(name, ops)
+    features = sorted({why for why in map(unsupported_feature, g.node) if why})
+    outside = [op for op in ops if op not in OP_SET]
+    if outside:
+        v.reasons = ["ops outside the op set: " + ", ".join(outside), *features]
+        return v
+    uses: dict[str, list[tuple[str, int]]] = {}
+    for n in g.node:
+        for pos, t in enumerate(n.input):
+            if t:
+                uses.setdefault(t, []).append((n.op_type, pos))
+    outputs = {o.name for o in g.output}
+    bad: dict[str, list[str]] = {}
+    for t, et in sorted(_tensor_types(model).items()):
+        if et is None:
+            bad.setdefault("non-tensor (sequence/optional)", []).append(t)
+        elif et == TensorProto.FLOAT:
+            continue
+        elif et == TensorProto.INT64 and t not in outputs and uses.get(t) and all(
+            pos in SHAPE_OPERANDS.get(op, ()) for op, pos in uses[t]
+        ):
+            continue
+        else:
+            bad.setdefault(f"{_dtype(et)} {'output' if t in outputs else 'data'}", []).append(t)
+    v.reasons = [f"{kind} ({', '.join(ts[:3])}{', ...' if len(ts) > 3 else ''})" for kind, ts in bad.items()]
+    v.deliberate = not v.reasons and bool(features)
+    v.reasons += features
+    return v
+
+
+@cache
+def verdicts() -> tuple[Verdict, ...]:
+    """The verdict for every case of the node suite, in the suite's order."""
+    from onnx.backend.test.loader import load_node_model_tests
+
+    with warnings.catch_warnings(), np.errstate(all="ignore"):
+        warnings.simplefilter("ignore")
+        cases = load_node_model_tests()
+    return tuple(judge(c.name, c.model) for c in cases)
+
+
+def eligible_names() -> list[str]:
+    """Case names (``test_relu``) the rule selects; BackendTest runs them as ``<name>_cpu``."""
+    return [v.name for v in verdicts() if v.eligible]
+
+
+def report() -> str:
+    """The Markdown list of eligible and excluded cases (``docs/ONNX_NODE_SUITE.md``)."""
+    vs = verdicts()
+    ours = [v for v in vs if v.in_op_set]
+    eligible = [v for v in vs if v.eligible]
+    deliberate = [v for v in vs if v.deliberate]
+    out = [v for v in ours if not v.eligible and not v.deliberate]
+    f = io.StringIO()
+    w = f.write
+    w("# ONNX node test suite: which cases polyml runs\n\n")
+    w("Generated by `python tests/node_suite_rules.py` (do not edit); the rule is documented\n")
+    w("in that file and `tests/test_onnx_node_suite.py` runs the eligible cases.\n\n")
+    w(f"onnx {onnx.__version__}: {len(vs)} node cases, {len(ours)} use an op of polyml's set; ")
+    w(f"{len(eligible)} eligible, {len(deliberate)} deliberately excluded, {len(out)} out of scope.\n\n")
+    w(f"Op set: {', '.join(sorted(OP_SET))}.\n\n")
+    w("Shape-like int64 operands: " + ", ".join(f"{op} inputs {list(p)}" for op, p in SHAPE_OPERANDS.items()) + ".\n\n")
+    w(f"## Eligible ({len(eligible)})\n\n")
+    for v in eligible:
+        w(f"- `{v.name}` ({', '.join(v.ops)})\n")
+    w(f"\n## Deliberately excluded ({len(deliberate)})\n\n")
+    for v in deliberate:
+        w(f"- `{v.name}`: {'; '.join(v.reasons)}\n")
+    w(f"\n## Out of scope: cases using an op of the set that the rule rejects ({len(out)})\n\n")
+    for v in out:
+        w(f"- `{v.name}`: {'; '.join(v.reasons)}\n")
+    return f.getvalue()
+
+
+DOC = Path(__file__).resolve().parent.parent / "docs" / "ONNX_NODE_SUITE.md"
+
+if __name__ == "__main__":
+    text = report()
+    if "--stdout" in sys.argv:
+        sys.stdout.write(text)
+    else:
+        DOC.write_text(text)
+        print(f"wrote {DOC}")
