@@ -10,10 +10,10 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import llvmlite.ir as ir
+from polyml.kernels import Kernel, Operand, broadcast_shapes, register
 
 from polyml.codegen.builder import KernelBuilder
 from polyml.graph import Node, TensorType
-from polyml.kernels import Kernel, Operand, broadcast_shapes, register
 
 
 def _elementwise(k: KernelBuilder, fn: Callable[[list[ir.Value]], ir.Value]) -> None:

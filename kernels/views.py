@@ -8,10 +8,10 @@ copies it into the output buffer.
 from __future__ import annotations
 
 import numpy as np
+from polyml.kernels import Kernel, Operand, const_ints, normalize_axis, register
 
 from polyml.errors import ShapeError
 from polyml.graph import Node, TensorType
-from polyml.kernels import Kernel, Operand, const_ints, normalize_axis, register
 
 
 class _View(Kernel):

@@ -57,8 +57,7 @@ def randomize_weights(model: onnx.ModelProto, seed: int = 0) -> onnx.ModelProto:
     inits = [i for i in m.graph.initializer if i.name in used or i.name in {o.name for o in m.graph.output}]
     del m.graph.initializer[:]
     m.graph.initializer.extend(inits)
-    names = {i.name for i in inits}
-    graph_inputs = [i for i in m.graph.input if i.name not in names or i.name in used]
+    graph_inputs = [i for i in m.graph.input if i.name not in consts or i.name in used]
     del m.graph.input[:]
     m.graph.input.extend(graph_inputs)
     return m

@@ -58,7 +58,7 @@ def main() -> int:
     print(f"model      {name} ({path})")
     print(f"compiled   {compiled.dir} in {compile_s:.1f} s (stages: "
           + ", ".join(f"{k} {v:.2f}s" for k, v in compiled.manifest["seconds"].items() if isinstance(v, float)) + ")")
-    print(f"output     {out_name}: shape {list(out.shape)}, top-5 classes {list(np.argsort(-out.reshape(-1))[:5])}, "
+    print(f"output     {out_name}: shape {list(out.shape)}, top-5 classes {[int(i) for i in np.argsort(-out.reshape(-1))[:5]]}, "
           f"sum {out.sum():.4f}")
     print(f"accuracy   max|Δ|/max|ref| vs onnxruntime = {err:.2e}")
     med = {k: statistics.median(v) * 1e3 for k, v in times.items()}

@@ -8,7 +8,7 @@ import onnx
 import pytest
 
 from polyml import cli
-from polyml.testing import LIGHT_MODELS, light_model_path, onnxruntime_run, randomize_weights, random_inputs, rel_error
+from polyml.testing import LIGHT_MODELS, light_model_path, onnxruntime_run, random_inputs, randomize_weights, rel_error
 
 pytestmark = pytest.mark.slow
 

@@ -169,7 +169,8 @@ class KernelBuilder:
 
     # -- arithmetic helpers -----------------------------------------------------------------
     def intrinsic(self, name: str, *args: ir.Value) -> ir.Value:
-        fn = self.module.declare_intrinsic(name, [args[0].type])
+        fnty = ir.FunctionType(args[0].type, [a.type for a in args])
+        fn = self.module.declare_intrinsic(name, [args[0].type], fnty)
         return self.b.call(fn, list(args))
 
     def libm(self, name: str, *args: ir.Value) -> ir.Value:
@@ -214,6 +215,12 @@ def _nest(kb: KernelBuilder, extents: list, names: list[str]) -> Iterator[list[i
         return
     first, rest = extents[0], extents[1:]
     lo, hi = (0, first) if isinstance(first, int) else first
+    if hi - lo == 1:
+        # A one-trip loop folds into an i1 phi whose trip count SCEV cannot compute, which
+        # makes Polly reject the whole nest: emit the constant index instead.
+        with _nest(kb, rest, names[1:]) as ivs:
+            yield [kb.i64(lo), *ivs]
+        return
     with kb.loop(lo, hi, names[0]) as iv:
         with _nest(kb, rest, names[1:]) as ivs:
             yield [iv, *ivs]

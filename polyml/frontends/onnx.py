@@ -171,10 +171,18 @@ def from_onnx(
         nodes.append(Node(name, op, list(n.input), list(n.output), {a.name: _attr(a) for a in n.attribute}, n.name, opset))
 
     graph = Graph(g.name or "model", nodes, types, constants, inputs, [o.name for o in g.output])
+    _drop_unused_optional_outputs(graph)
     graph.toposort()
     _fold_and_infer(graph, model)
     graph.prune()
     return graph
+
+
+def _drop_unused_optional_outputs(graph: Graph) -> None:
+    """Blank optional outputs (index ≥ 1) nobody reads, e.g. Dropout's mask in inference graphs."""
+    used = {t for n in graph.nodes for t in n.inputs} | set(graph.outputs)
+    for n in graph.nodes:
+        n.outputs = [t if (i == 0 or t in used) else "" for i, t in enumerate(n.outputs)]
 
 
 def _fold_and_infer(graph: Graph, model: onnx.ModelProto) -> None:

@@ -1,0 +1,161 @@
+"""Conv against onnxruntime on seeded data: groups (incl. depthwise), pads, auto_pad, strides,
+dilations, optional bias, 1-3 spatial dims, weights as constants or graph inputs.
+
+Shapes are small but chosen to reach every code path of the lowering: the padded and
+phase-split (stride > 1 along the width) copies, the pointwise (1x1) flattening, the "flat"
+mode (narrow outputs computed on the input's row pitch), and full and remainder register
+blocks of output channels (8) and columns (32).  Errors are
+max|Δ| / max|ref| ≤ 1e-4.  Where onnxruntime has no implementation (SAME padding with
+dilations) the reference is a direct numpy convolution.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper
+from polyml.kernels.conv import make_window
+
+from polyml.compiler import compile as polyml_compile
+from polyml.errors import UnsupportedError
+from polyml.frontends.onnx import from_onnx
+from polyml.graph import Node
+from polyml.testing import compile_and_compare, rel_error, single_node_model
+
+TOL = 1e-4
+
+
+def node_model(op: str, inputs: dict, outputs: tuple[str, ...] = ("y",), opset: int = 18,
+               initializers: dict | None = None, **attrs) -> onnx.ModelProto:
+    """``single_node_model`` with untyped graph outputs (onnxruntime rejects elem_type UNDEFINED)."""
+    m = single_node_model(op, inputs, list(outputs), opset=opset, initializers=initializers, **attrs)
+    for vi in m.graph.output:
+        if vi.type.tensor_type.elem_type == TensorProto.UNDEFINED:
+            vi.CopyFrom(helper.make_empty_tensor_value_info(vi.name))
+    return m
+
+
+def params(wshape: tuple[int, ...], seed: int = 1) -> tuple[np.ndarray, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    return rng.standard_normal(wshape).astype(np.float32), rng.standard_normal(wshape[0]).astype(np.float32)
+
+
+def x_feed(shape: tuple[int, ...], seed: int = 0) -> dict[str, np.ndarray]:
+    return {"x": np.random.default_rng(seed).standard_normal(shape).astype(np.float32)}
+
+
+# (x shape, w shape, attributes)
+CASES = [
+    ((1, 3, 8, 8), (4, 3, 3, 3), {}),
+    ((1, 3, 8, 8), (4, 3, 3, 3), {"pads": [1, 1, 1, 1]}),
+    ((2, 4, 7, 9), (6, 2, 3, 2), {"group": 2, "pads": [1, 0, 2, 1], "strides": [2, 1]}),
+    ((1, 4, 9, 9), (4, 1, 3, 3), {"group": 4, "pads": [1, 1, 1, 1], "dilations": [2, 2]}),
+    ((1, 12, 9, 70), (12, 1, 3, 3), {"group": 12, "strides": [2, 2], "pads": [1, 1, 1, 1]}),
+    ((1, 8, 6, 40), (16, 1, 3, 3), {"group": 8, "pads": [1, 1, 1, 1]}),
+    ((2, 12, 5, 40), (18, 4, 3, 3), {"group": 3, "pads": [1, 1, 1, 1]}),
+    ((1, 3, 10, 10), (5, 3, 3, 3), {"auto_pad": "SAME_UPPER", "strides": [2, 2]}),
+    ((1, 3, 11, 10), (5, 3, 4, 4), {"auto_pad": "SAME_LOWER", "strides": [3, 2]}),
+    ((1, 3, 11, 10), (5, 3, 4, 4), {"auto_pad": "SAME_UPPER", "strides": [1, 3]}),
+    ((1, 3, 11, 13), (5, 3, 2, 3), {"auto_pad": "VALID", "strides": [2, 2]}),
+    ((1, 3, 9, 20), (4, 3, 3, 5), {"strides": [1, 2], "dilations": [1, 2], "pads": [0, 1, 1, 2]}),
+    ((1, 3, 9, 21), (4, 3, 3, 5), {"strides": [2, 3], "dilations": [2, 2], "pads": [1, 2, 1, 0]}),
+    ((1, 3, 9, 21), (4, 3, 3, 4), {"strides": [1, 3], "dilations": [1, 3]}),
+    ((1, 3, 9, 40), (19, 3, 3, 3), {"pads": [1, 1, 1, 1], "kernel_shape": [3, 3]}),
+    ((2, 4, 7, 7), (16, 4, 3, 3), {"pads": [1, 1, 1, 1]}),
+    ((1, 3, 9, 12), (11, 3, 3, 3), {"dilations": [2, 1]}),
+    ((1, 8, 6, 10), (24, 4, 3, 3), {"group": 2, "pads": [0, 2, 1, 1], "strides": [1, 1]}),
+    ((1, 2, 4, 5, 6), (9, 2, 2, 3, 3), {"pads": [0, 1, 1, 1, 1, 0], "dilations": [2, 1, 1]}),
+    ((1, 16, 8, 70), (10, 16, 1, 1), {}),
+    ((1, 16, 8, 70), (10, 16, 1, 1), {"strides": [2, 2]}),
+    ((1, 5, 1, 1), (7, 5, 1, 1), {}),
+    ((1, 3, 10), (5, 3, 3), {"pads": [2, 1], "strides": [2]}),
+    ((2, 4, 37), (6, 2, 5), {"group": 2, "dilations": [3], "pads": [4, 4]}),
+    ((1, 2, 5, 6, 7), (3, 2, 2, 3, 2), {"pads": [1, 0, 1, 0, 1, 1]}),
+    ((1, 2, 6, 6, 9), (3, 2, 2, 3, 3), {"pads": [1, 0, 1, 0, 1, 1], "strides": [2, 1, 2], "dilations": [1, 2, 1]}),
+]
+
+
+def _id(case) -> str:
+    x, w, a = case
+    return f"x{'x'.join(map(str, x))}-w{'x'.join(map(str, w))}-" + "-".join(f"{k}{v}" for k, v in a.items())
+
+
+@pytest.mark.parametrize("xs,ws,attrs", CASES, ids=[_id(c) for c in CASES])
+def test_conv_constant_weights(xs, ws, attrs) -> None:
+    w, b = params(ws)
+    errs = compile_and_compare(node_model("Conv", {"x": xs}, initializers={"w": w, "b": b}, **attrs), x_feed(xs))
+    assert errs["y"] <= TOL, errs
+
+
+@pytest.mark.parametrize("xs,ws,attrs", CASES[:6:2] + CASES[15:17], ids=[_id(c) for c in CASES[:6:2] + CASES[15:17]])
+def test_conv_no_bias_no_polly(xs, ws, attrs) -> None:
+    w, _ = params(ws)
+    errs = compile_and_compare(node_model("Conv", {"x": xs}, initializers={"w": w}, **attrs), x_feed(xs), polly=False)
+    assert errs["y"] <= TOL, errs
+
+
+@pytest.mark.parametrize("case", [CASES[2], CASES[12], CASES[20]], ids=[_id(c) for c in (CASES[2], CASES[12], CASES[20])])
+def test_conv_weights_as_graph_inputs(case) -> None:
+    xs, ws, attrs = case
+    w, b = params(ws)
+    feeds = {**x_feed(xs), "w": w, "b": b}
+    errs = compile_and_compare(node_model("Conv", {"x": xs, "w": w, "b": b}, **attrs), feeds)
+    assert errs["y"] <= TOL, errs
+
+
+def numpy_conv(x: np.ndarray, w: np.ndarray, b: np.ndarray | None, pads: list[int], strides: list[int],
+               dilations: list[int], group: int) -> np.ndarray:
+    """Direct 2-D convolution in float64 (pads as ONNX: begins then ends)."""
+    n, c, h, wd = x.shape
+    m, cg, kh, kw = w.shape
+    xp = np.pad(x.astype(np.float64), ((0, 0), (0, 0), (pads[0], pads[2]), (pads[1], pads[3])))
+    oh = (xp.shape[2] - ((kh - 1) * dilations[0] + 1)) // strides[0] + 1
+    ow = (xp.shape[3] - ((kw - 1) * dilations[1] + 1)) // strides[1] + 1
+    y = np.zeros((n, m, oh, ow))
+    mg = m // group
+    for oc in range(m):
+        g = oc // mg
+        for i in range(kh):
+            for j in range(kw):
+                rows = xp[:, g * cg : (g + 1) * cg, i * dilations[0] :: strides[0], j * dilations[1] :: strides[1]][:, :, :oh, :ow]
+                y[:, oc] += np.einsum("nchw,c->nhw", rows, w[oc, :, i, j])
+        if b is not None:
+            y[:, oc] += b[oc]
+    return y
+
+
+@pytest.mark.parametrize("mode", ["SAME_UPPER", "SAME_LOWER"])
+def test_conv_same_with_dilations_numpy(mode, tmp_path) -> None:
+    """auto_pad SAME with dilations (onnxruntime refuses it): total padding from the dilated kernel."""
+    xs, ws, strides, dil = (1, 3, 11, 12), (4, 3, 3, 4), [2, 1], [2, 3]
+    w, b = params(ws)
+    model = node_model("Conv", {"x": xs}, initializers={"w": w, "b": b}, auto_pad=mode, strides=strides, dilations=dil)
+    onnx.save(model, str(tmp_path / "m.onnx"))
+    feeds = x_feed(xs)
+    got = polyml_compile(tmp_path / "m.onnx", tmp_path / "build").run(feeds)["y"]
+    pads = []
+    for n, s, k, d in zip(xs[2:], strides, ws[2:], dil):
+        out = -(-n // s)
+        pads.append(max(0, (out - 1) * s + (k - 1) * d + 1 - n))
+    head = [p // 2 if mode == "SAME_UPPER" else p - p // 2 for p in pads]
+    ref = numpy_conv(feeds["x"], w, b, [head[0], head[1], pads[0] - head[0], pads[1] - head[1]], strides, dil, 1)
+    assert got.shape == (1, 4, 6, 12)
+    assert rel_error(got, ref) <= TOL
+
+
+def test_conv_window_geometry() -> None:
+    node = Node("c", "Conv", ["x", "w"], ["y"], {"pads": [1, 2, 0, 1], "strides": [2, 3], "dilations": [1, 2]})
+    win = make_window(node, (9, 20), (3, 4))
+    assert win.out == (4, 6) and win.pads_begin == (1, 2) and win.pads_end == (0, 1)
+    assert win.extent == (3, 7) and win.required == (9, 22)
+    same = Node("c", "Conv", ["x", "w"], ["y"], {"auto_pad": "SAME_LOWER", "strides": [2, 2]})
+    win = make_window(same, (7, 8), (4, 3))
+    assert win.out == (4, 4) and win.pads_begin == (2, 1) and win.pads_end == (1, 0)
+
+
+def test_conv_rejects_negative_pads() -> None:
+    w, _ = params((2, 3, 3, 3))
+    model = node_model("Conv", {"x": (1, 3, 6, 6)}, initializers={"w": w}, pads=[-1, 0, 0, 0])
+    with pytest.raises(UnsupportedError, match="negative pads"):
+        from_onnx(model)
