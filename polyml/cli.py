@@ -16,7 +16,7 @@ from rich.table import Table
 
 from polyml.errors import InputError, PolymlError
 
-console = Console(stderr=True)
+console = Console(stderr=True, soft_wrap=True)
 out = Console()
 
 

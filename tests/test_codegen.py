@@ -91,3 +91,15 @@ def test_graph_output_that_is_a_view_or_input(tmp_path, polly) -> None:
     np.testing.assert_array_equal(got["flat"], np.maximum(xv, 0).reshape(12))
     np.testing.assert_array_equal(got["r"], np.maximum(xv, 0))
     np.testing.assert_array_equal(got["c"], [1, 2, 3])
+
+
+def test_rebuild_into_same_folder_runs_new_code(tmp_path) -> None:
+    """The loader caches libraries by path: a rebuilt model must not keep the old code."""
+    from polyml.testing import single_node_model
+
+    x = np.array([-1, 2, -3, 4], np.float32)
+    expected = {"Relu": np.maximum(x, 0), "Neg": -x}
+    for op in ("Relu", "Neg"):
+        onnx.save(single_node_model(op, {"x": (4,)}, ["y"], opset=13), str(tmp_path / "m.onnx"))
+        got = polyml.compile(tmp_path / "m.onnx", tmp_path / "out").run({"x": x})["y"]
+        np.testing.assert_array_equal(got, expected[op])

@@ -11,6 +11,8 @@ from __future__ import annotations
 import ctypes
 import json
 import os
+import shutil
+import tempfile
 import threading
 from pathlib import Path
 
@@ -41,6 +43,23 @@ def set_num_threads(n: int) -> None:
     _gomp.omp_set_num_threads(ctypes.c_int(n))
 
 
+def _load_private_copy(lib: Path) -> ctypes.CDLL:
+    """dlopen a private copy of ``lib``: the dynamic loader returns an already-loaded library
+    for the same path (or inode), so a model rebuilt into the same folder would otherwise keep
+    running the old code in this process."""
+    if not lib.is_file():
+        raise ModelFormatError(f"{lib} is missing: the artifact is incomplete")
+    fd, tmp = tempfile.mkstemp(prefix="polyml-", suffix=".so")
+    try:
+        with os.fdopen(fd, "wb") as dst, open(lib, "rb") as src:
+            shutil.copyfileobj(src, dst)
+        return ctypes.CDLL(tmp)
+    except OSError as e:
+        raise ModelFormatError(f"{lib}: cannot load the compiled library ({e})") from None
+    finally:
+        os.unlink(tmp)  # the mapping stays valid after the file is gone
+
+
 class CompiledModel:
     """A compiled model: ``run({name: array}) -> {name: array}``."""
 
@@ -65,7 +84,7 @@ class CompiledModel:
         with open(weights_file, "rb") as f:
             f.readinto(memoryview(self._weights)[:nbytes])
         self._arena = aligned_empty(max(m["arena_bytes"], 1))
-        self._lib = ctypes.CDLL(str((self.dir / "model.so").resolve()))
+        self._lib = _load_private_copy(self.dir / "model.so")
         self._main = self._lib.polyml_main
         self._main.argtypes = [ctypes.POINTER(ctypes.c_void_p)]
         self._main.restype = None

@@ -1,0 +1,191 @@
+"""Gemm and MatMul against onnxruntime on seeded random data, and Polly's GEMM pattern match.
+
+Shapes cover numpy matmul's 1-D operands and broadcast batch dimensions (folded into one 2-D
+GEMM when B is a single matrix, a per-batch GEMM function otherwise), and Gemm's transposes,
+alpha/beta and every broadcastable C shape.  Errors are max|Δ| / max|ref| ≤ 1e-4.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper
+
+from polyml.compiler import compile as polyml_compile
+from polyml.errors import ShapeError
+from polyml.frontends.onnx import from_onnx
+from polyml.testing import compile_and_compare, single_node_model
+
+TOL = 1e-4
+
+
+def node_model(op: str, inputs: dict, opset: int = 18, initializers: dict | None = None, **attrs) -> onnx.ModelProto:
+    """``single_node_model`` with untyped graph outputs (onnxruntime rejects elem_type UNDEFINED)."""
+    m = single_node_model(op, inputs, ["y"], opset=opset, initializers=initializers, **attrs)
+    for vi in m.graph.output:
+        if vi.type.tensor_type.elem_type == TensorProto.UNDEFINED:
+            vi.CopyFrom(helper.make_empty_tensor_value_info(vi.name))
+    return m
+
+
+def feeds_for(inputs: dict[str, tuple[int, ...]], seed: int = 0) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    return {k: rng.standard_normal(s).astype(np.float32) for k, s in inputs.items()}
+
+
+def check(model: onnx.ModelProto, feeds: dict[str, np.ndarray], **options) -> None:
+    errs = compile_and_compare(model, feeds, **options)
+    assert errs and max(errs.values()) <= TOL, errs
+
+
+MATMUL_SHAPES = [
+    ((5, 7), (7, 3)),
+    ((1, 9), (9, 1)),
+    ((7,), (7, 3)),  # 1-D A: (1, K) then the M dim is dropped
+    ((5, 7), (7,)),  # 1-D B: (K, 1) then the N dim is dropped
+    ((7,), (7,)),  # dot product: a scalar
+    ((2, 3, 5, 7), (7, 4)),  # A's batch stacks into M: one 2-D GEMM
+    ((2, 5, 7), (1, 7, 4)),  # B with size-1 batch dims is one matrix too
+    ((2, 5, 7), (7,)),
+    ((2, 3, 5, 7), (3, 7, 4)),  # batched B: a GEMM function called per batch index
+    ((5, 7), (2, 7, 4)),  # A broadcast over B's batch
+    ((7,), (2, 7, 4)),
+    ((2, 1, 5, 7), (1, 3, 7, 4)),  # both broadcast
+    ((4, 6, 8), (4, 8, 6)),
+]
+
+
+@pytest.mark.parametrize("sa,sb", MATMUL_SHAPES, ids=[f"{a}@{b}" for a, b in MATMUL_SHAPES])
+def test_matmul(sa: tuple[int, ...], sb: tuple[int, ...]) -> None:
+    inputs = {"a": sa, "b": sb}
+    check(node_model("MatMul", inputs), feeds_for(inputs))
+
+
+@pytest.mark.parametrize("sa,sb", [((5, 7), (7, 3)), ((7,), (7, 3)), ((2, 3, 5, 7), (3, 7, 4)), ((2, 5, 7), (7, 4))])
+def test_matmul_without_polly(sa: tuple[int, ...], sb: tuple[int, ...]) -> None:
+    inputs = {"a": sa, "b": sb}
+    check(node_model("MatMul", inputs), feeds_for(inputs), polly=False)
+
+
+def test_matmul_constant_weights() -> None:
+    """B as an initializer (a weight), A batched: the common linear layer."""
+    w = np.random.default_rng(3).standard_normal((16, 12)).astype(np.float32)
+    check(node_model("MatMul", {"x": (2, 5, 16)}, initializers={"w": w}), feeds_for({"x": (2, 5, 16)}))
+
+
+# Gemm: (A shape, B shape, C shape or None, attributes); M=5, N=3, K=4
+GEMM_CASES = [
+    ((5, 4), (4, 3), None, {}),
+    ((5, 4), (4, 3), (3,), {}),
+    ((5, 4), (4, 3), (1, 3), {}),
+    ((5, 4), (4, 3), (5, 1), {}),
+    ((5, 4), (4, 3), (5, 3), {}),
+    ((5, 4), (4, 3), (), {}),
+    ((5, 4), (4, 3), (1,), {}),
+    ((5, 4), (4, 3), (1, 1), {}),
+    ((4, 5), (4, 3), (3,), {"transA": 1}),
+    ((5, 4), (3, 4), (5, 1), {"transB": 1}),
+    ((4, 5), (3, 4), (5, 3), {"transA": 1, "transB": 1}),
+    ((5, 4), (4, 3), (3,), {"alpha": 0.5}),
+    ((5, 4), (4, 3), (5, 3), {"beta": 2.5}),
+    ((5, 4), (4, 3), None, {"alpha": -1.5}),
+    ((4, 5), (3, 4), (1, 3), {"transA": 1, "transB": 1, "alpha": 0.25, "beta": 0.35}),
+    ((5, 4), (4, 3), (5, 3), {"beta": 0.0}),
+]
+
+
+def _gemm_id(case: tuple) -> str:
+    sa, sb, sc, attrs = case
+    return f"{sa}x{sb}" + (f"+C{sc}" if sc is not None else "") + "".join(f"-{k}{v}" for k, v in attrs.items())
+
+
+@pytest.mark.parametrize("case", GEMM_CASES, ids=[_gemm_id(c) for c in GEMM_CASES])
+def test_gemm(case: tuple) -> None:
+    sa, sb, sc, attrs = case
+    inputs = {"a": sa, "b": sb, **({"c": sc} if sc is not None else {})}
+    check(node_model("Gemm", inputs, **attrs), feeds_for(inputs))
+
+
+@pytest.mark.parametrize("opset", [7, 11, 13])
+def test_gemm_opsets(opset: int) -> None:
+    inputs = {"a": (4, 6), "b": (5, 6), "c": (5,)}
+    check(node_model("Gemm", inputs, opset=opset, transB=1, alpha=0.5), feeds_for(inputs))
+
+
+@pytest.mark.parametrize("case", [GEMM_CASES[2], GEMM_CASES[10], GEMM_CASES[14]], ids=_gemm_id)
+def test_gemm_without_polly(case: tuple) -> None:
+    sa, sb, sc, attrs = case
+    inputs = {"a": sa, "b": sb, "c": sc}
+    check(node_model("Gemm", inputs, **attrs), feeds_for(inputs), polly=False)
+
+
+def test_gemm_fully_connected() -> None:
+    """A linear layer: constant weight (N, K) read transposed and a constant bias."""
+    rng = np.random.default_rng(5)
+    w = rng.standard_normal((10, 24)).astype(np.float32)
+    bias = rng.standard_normal(10).astype(np.float32)
+    model = node_model("Gemm", {"x": (3, 24)}, initializers={"w": w, "bias": bias}, transB=1)
+    check(model, feeds_for({"x": (3, 24)}))
+
+
+@pytest.mark.parametrize("m", [1, 3, 130])
+def test_gemm_transposed_weight_rows(m: int) -> None:
+    """transB reads B in place for few rows (dot products) and transposes it for many."""
+    rng = np.random.default_rng(7)
+    w = rng.standard_normal((9, 20)).astype(np.float32)
+    bias = rng.standard_normal(9).astype(np.float32)
+    model = node_model("Gemm", {"x": (m, 20)}, initializers={"w": w, "bias": bias}, transB=1, alpha=1.5)
+    check(model, feeds_for({"x": (m, 20)}))
+
+
+def _optimized_ir(model: onnx.ModelProto, tmp_path: Path) -> tuple[str, object]:
+    path = tmp_path / "model.onnx"
+    onnx.save(model, str(path))
+    compiled = polyml_compile(path, tmp_path / "build", emit=["ll"])
+    return "".join(p.read_text() for p in sorted((tmp_path / "build").glob("ops.polly*.opt.ll"))), compiled
+
+
+@pytest.mark.parametrize(
+    "op,inputs,attrs",
+    [
+        ("MatMul", {"a": (96, 80), "b": (80, 112)}, {}),
+        ("MatMul", {"a": (2, 96, 80), "b": (2, 80, 112)}, {}),
+        ("Gemm", {"a": (80, 136), "b": (112, 80), "c": (112,)}, {"transA": 1, "transB": 1, "alpha": 0.5}),
+        ("Gemm", {"a": (96, 80), "b": (80, 112), "c": (96, 1)}, {}),
+    ],
+    ids=["matmul", "batched", "gemm-transposed", "gemm-bias"],
+)
+def test_polly_gemm_pattern_applies(op: str, inputs: dict, attrs: dict, tmp_path: Path) -> None:
+    """The nests are in the form Polly's matmul optimizer rewrites: its packed arrays appear."""
+    model = node_model(op, inputs, **attrs)
+    ir, compiled = _optimized_ir(model, tmp_path)
+    assert "Packed_A" in ir and "Packed_B" in ir
+    feeds = feeds_for(inputs)
+    got = compiled.run(feeds)["y"]
+    a, b = feeds["a"].astype(np.float64), feeds["b"].astype(np.float64)
+    if op == "Gemm" and attrs:
+        want = 0.5 * a.T @ b.T + feeds["c"]
+    elif op == "Gemm":
+        want = a @ b + feeds["c"]
+    else:
+        want = np.matmul(a, b)
+    assert np.abs(got - want).max() / np.abs(want).max() <= TOL
+
+
+@pytest.mark.parametrize(
+    "op,inputs,attrs",
+    [
+        ("MatMul", {"a": (5, 7), "b": (6, 3)}, {}),
+        ("MatMul", {"a": (2, 5, 7), "b": (3, 7, 3)}, {}),
+        ("Gemm", {"a": (5, 4), "b": (4, 3)}, {"transB": 1}),
+        ("Gemm", {"a": (5, 4), "b": (4, 3), "c": (2, 3)}, {}),
+        ("Gemm", {"a": (5, 4, 1), "b": (4, 3)}, {}),
+    ],
+    ids=["inner", "batch", "gemm-inner", "gemm-c", "gemm-rank"],
+)
+def test_shape_errors(op: str, inputs: dict, attrs: dict) -> None:
+    with pytest.raises(ShapeError):
+        from_onnx(node_model(op, inputs, **attrs))
