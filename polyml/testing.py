@@ -63,6 +63,19 @@ def randomize_weights(model: onnx.ModelProto, seed: int = 0) -> onnx.ModelProto:
     return m
 
 
+def expose_logits(model: onnx.ModelProto) -> onnx.ModelProto:
+    """Also output the input of each final Softmax: with random weights a deep net's softmax
+    often saturates to one-hot, which would hide errors in everything before it."""
+    m = onnx.ModelProto()
+    m.CopyFrom(model)
+    outs = {o.name for o in m.graph.output}
+    for n in m.graph.node:
+        if n.op_type == "Softmax" and n.output[0] in outs and n.input[0] not in outs:
+            m.graph.output.append(helper.make_empty_tensor_value_info(n.input[0]))
+            outs.add(n.input[0])
+    return m
+
+
 def random_inputs(model: onnx.ModelProto, seed: int = 1) -> dict[str, np.ndarray]:
     """Standard-normal float32 values for every graph input that is not an initializer."""
     rng = np.random.default_rng(seed)

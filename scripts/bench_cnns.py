@@ -22,40 +22,19 @@ from pathlib import Path
 import onnx
 
 import polyml
-from polyml.testing import LIGHT_MODELS, light_model_path, random_inputs, randomize_weights, rel_error
-
-
-def conv_gemm_flops(model: onnx.ModelProto) -> float:
-    """Multiply-adds ×2 of Conv, Gemm and MatMul nodes (from onnx shape inference)."""
-    import numpy as np
-    from onnx import numpy_helper, shape_inference
-
-    m = shape_inference.infer_shapes(model)
-    shapes = {}
-    for vi in list(m.graph.value_info) + list(m.graph.input) + list(m.graph.output):
-        shapes[vi.name] = [d.dim_value for d in vi.type.tensor_type.shape.dim]
-    for i in m.graph.initializer:
-        shapes[i.name] = list(numpy_helper.to_array(i).shape)
-    flops = 0.0
-    for n in m.graph.node:
-        if n.op_type == "Conv" and n.output[0] in shapes and n.input[1] in shapes:
-            w = shapes[n.input[1]]
-            flops += 2.0 * float(np.prod(shapes[n.output[0]])) * float(np.prod(w[1:]))
-        elif n.op_type in ("Gemm", "MatMul") and n.output[0] in shapes and n.input[0] in shapes:
-            a = shapes[n.input[0]]
-            k = a[0] if (n.op_type == "Gemm" and any(at.name == "transA" and at.i for at in n.attribute)) else a[-1]
-            flops += 2.0 * float(np.prod(shapes[n.output[0]])) * k
-    return flops
+from polyml.compiler import read_graph
+from polyml.flops import graph_flops
+from polyml.testing import LIGHT_MODELS, expose_logits, light_model_path, random_inputs, randomize_weights, rel_error
 
 
 def bench_model(name: str, repeat: int, threads: int, work: Path) -> dict:
     import onnxruntime as ort
 
-    model = randomize_weights(onnx.load(str(light_model_path(name))), seed=0)
+    model = expose_logits(randomize_weights(onnx.load(str(light_model_path(name))), seed=0))
     path = work / f"{name}.onnx"
     onnx.save(model, str(path))
     feeds = random_inputs(model, seed=1)
-    flops = conv_gemm_flops(model)
+    flops = graph_flops(read_graph(path))
 
     runners = {}
     compile_s = {}
@@ -66,12 +45,12 @@ def bench_model(name: str, repeat: int, threads: int, work: Path) -> dict:
     so = ort.SessionOptions()
     so.intra_op_num_threads = threads
     sess = ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"])
-    out_name = sess.get_outputs()[0].name
-    ref = sess.run([out_name], feeds)[0]
-    errors = {k: rel_error(r.run(feeds)[out_name], ref) for k, r in runners.items()}
+    names = [o.name for o in sess.get_outputs()]
+    ref = dict(zip(names, sess.run(names, feeds)))
+    errors = {k: max(rel_error(got[n], ref[n]) for n in names) for k, r in runners.items() for got in [r.run(feeds)]}
 
     calls = {k: (lambda r=r: r.run(feeds)) for k, r in runners.items()}
-    calls["onnxruntime"] = lambda: sess.run([out_name], feeds)
+    calls["onnxruntime"] = lambda: sess.run(names, feeds)
     for f in calls.values():  # warm-up
         f()
     times: dict[str, list[float]] = {k: [] for k in calls}
