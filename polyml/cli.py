@@ -112,6 +112,26 @@ def cmd_run(args: argparse.Namespace) -> int:
 COMMANDS: dict[str, tuple[Callable[[argparse.Namespace], int], Callable[[argparse.ArgumentParser], None], str]] = {}
 
 
+def command(name: str, add_arguments: Callable[[argparse.ArgumentParser], None], help: str):
+    """Decorator registering ``fn(args) -> exit code`` as ``polyml NAME``."""
+
+    def wrap(fn: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Namespace], int]:
+        COMMANDS[name] = (fn, add_arguments, help)
+        return fn
+
+    return wrap
+
+
+def _load_commands() -> None:
+    import importlib
+    import pkgutil
+
+    import polyml.commands
+
+    for info in pkgutil.iter_modules(polyml.commands.__path__):
+        importlib.import_module(f"polyml.commands.{info.name}")
+
+
 def _build_parser(p: argparse.ArgumentParser) -> None:
     p.add_argument("model", help="model file (.onnx, .pb, .pbtxt)")
     p.add_argument("-o", "--output", required=True, help="artifact folder to write")
@@ -131,6 +151,7 @@ COMMANDS["run"] = (cmd_run, _run_parser, "run a model or artifact on inputs from
 
 
 def main(argv: list[str] | None = None) -> int:
+    _load_commands()
     parser = argparse.ArgumentParser(prog="polyml", description="polyhedral compiler for ONNX and TensorFlow models")
     sub = parser.add_subparsers(dest="command", required=True)
     for name, (fn, add, help_) in COMMANDS.items():
