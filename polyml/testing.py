@@ -127,7 +127,7 @@ def compile_and_compare(
     return {k: rel_error(got[k], ref[k]) for k in ref}
 
 
-def single_node_model(op_type: str, inputs: dict[str, np.ndarray | tuple], outputs: list[str], opset: int = 18,
+def single_node_model(op_type: str, inputs: dict[str, np.ndarray | tuple], outputs=("y",), opset: int = 18,
                       initializers: dict[str, np.ndarray] | None = None, **attrs) -> onnx.ModelProto:
     """A one-node model; ``inputs`` maps names to arrays (their dtype/shape) or shapes (float32)."""
     vis = []

@@ -37,30 +37,14 @@ def rng_feeds(model: onnx.ModelProto, seed: int = 0) -> dict[str, np.ndarray]:
     return feeds
 
 
-def untyped_outputs(model: onnx.ModelProto) -> onnx.ModelProto:
-    """Graph outputs without a type, which onnxruntime infers.
-
-    ``polyml.testing.single_node_model`` declares outputs with elem_type UNDEFINED, which
-    onnxruntime ≥ 1.20 refuses ("Invalid tensor data type 0"); an empty ValueInfo is accepted.
-    """
-    m = onnx.ModelProto()
-    m.CopyFrom(model)
-    for vi in m.graph.output:
-        if vi.type.tensor_type.elem_type == TensorProto.UNDEFINED:
-            vi.CopyFrom(helper.make_empty_tensor_value_info(vi.name))
-    return m
-
-
 def check(model: onnx.ModelProto, feeds: dict[str, np.ndarray] | None = None) -> None:
     """Compile with polyml.compile and require every output to equal onnxruntime's exactly."""
-    model = untyped_outputs(model)
     errs = compile_and_compare(model, feeds if feeds is not None else rng_feeds(model))
     assert errs and all(e == 0.0 for e in errs.values()), errs
 
 
 def check_specialized(model: onnx.ModelProto, values: dict[str, np.ndarray], feeds: dict[str, np.ndarray]) -> None:
     """The backend's path: shape-like graph inputs become constants via ``input_values``."""
-    model = untyped_outputs(model)
     compiled = compile_graph(from_onnx(model, input_values=values))
     got = compiled.run({k: v for k, v in feeds.items() if k in compiled.inputs})
     ref = onnxruntime_run(model, {**feeds, **values})
@@ -248,7 +232,7 @@ def test_pad_specialized_inputs() -> None:
 
 def test_pad_opset1_paddings_attribute() -> None:
     """Pad-1 names its attribute ``paddings`` (onnxruntime has no Pad-1: compare with numpy)."""
-    model = untyped_outputs(single_node_model("Pad", {"x": (3, 4)}, ["y"], opset=1, paddings=[1, 0, 2, 1], value=3.0))
+    model = single_node_model("Pad", {"x": (3, 4)}, ["y"], opset=1, paddings=[1, 0, 2, 1], value=3.0)
     x = np.random.default_rng(5).standard_normal((3, 4)).astype(np.float32)
     got = compile_graph(from_onnx(model)).run({"x": x})["y"]
     np.testing.assert_array_equal(got, np.pad(x, ((1, 2), (0, 1)), constant_values=3.0))

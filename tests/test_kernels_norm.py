@@ -9,23 +9,15 @@ from __future__ import annotations
 import numpy as np
 import onnx
 import pytest
-from onnx import TensorProto, helper
 
 from polyml.errors import GraphError, UnsupportedError
 from polyml.frontends.onnx import from_onnx
-from polyml.testing import compile_and_compare, single_node_model
+from polyml.testing import compile_and_compare
+from polyml.testing import single_node_model as node_model
 
 TOL = 1e-4
 
 
-def node_model(op: str, inputs: dict, outputs: tuple[str, ...] = ("y",), opset: int = 18,
-               initializers: dict | None = None, **attrs) -> onnx.ModelProto:
-    """``single_node_model`` with untyped graph outputs (onnxruntime rejects elem_type UNDEFINED)."""
-    m = single_node_model(op, inputs, list(outputs), opset=opset, initializers=initializers, **attrs)
-    for vi in m.graph.output:
-        if vi.type.tensor_type.elem_type == TensorProto.UNDEFINED:
-            vi.CopyFrom(helper.make_empty_tensor_value_info(vi.name))
-    return m
 
 
 def check(model: onnx.ModelProto, feeds: dict[str, np.ndarray], **options) -> None:
