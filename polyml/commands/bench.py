@@ -1,0 +1,155 @@
+"""``polyml bench MODEL|DIR``: latency of a compiled model next to peers, measured in one run.
+
+Runners (polyml, onnxruntime, tensorflow) alternate round by round after warm-up, so that
+machine noise hits all of them alike; the report gives medians, min–max, GFLOP/s (Conv, Gemm
+and MatMul flops counted on polyml's graph) and each peer's ratio to polyml.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from polyml.cli import _add_build_options, _compile, command, console, out
+from polyml.errors import PolymlError
+from polyml.runtime.model import CompiledModel
+
+PEERS = ("onnxruntime", "tensorflow")
+
+
+def _arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("model", help="model file (.onnx, .pb) or artifact folder")
+    p.add_argument("--compare", default="", help="comma-separated peers: onnxruntime, tensorflow")
+    p.add_argument("--repeat", type=int, default=20, help="timed rounds (default 20)")
+    p.add_argument("--warmup", type=int, default=3)
+    p.add_argument("--inputs", default=None, help=".npz of inputs (default: seeded random data)")
+    p.add_argument("--json", dest="json_file", default=None, help="write the results as JSON")
+    _add_build_options(p, outputs_flag="--output-names")
+
+
+def random_feeds(model: CompiledModel, seed: int = 0) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    return {n: rng.standard_normal(shape).astype(dtype) for n, (shape, dtype) in model.inputs.items()}
+
+
+def onnxruntime_runner(path: Path, threads: int, feeds: dict[str, np.ndarray]) -> Callable[[], object]:
+    try:
+        import onnxruntime as ort
+    except ImportError:
+        raise PolymlError("--compare onnxruntime: onnxruntime is not installed (pip install onnxruntime)") from None
+    so = ort.SessionOptions()
+    if threads:
+        so.intra_op_num_threads = threads
+    sess = ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"])
+    return lambda: sess.run(None, feeds)
+
+
+def tensorflow_runner(path: Path, threads: int, feeds: dict[str, np.ndarray], outputs: list[str]) -> Callable[[], object]:
+    try:
+        import tensorflow as tf
+    except ImportError:
+        raise PolymlError("--compare tensorflow: TensorFlow is not installed (pip install 'polyml[tf]')") from None
+    if threads:
+        tf.config.threading.set_intra_op_parallelism_threads(threads)
+        tf.config.threading.set_inter_op_parallelism_threads(1)
+    gd = tf.compat.v1.GraphDef()
+    gd.ParseFromString(path.read_bytes())
+    graph = tf.Graph()
+    with graph.as_default():
+        tf.compat.v1.import_graph_def(gd, name="")
+    sess = tf.compat.v1.Session(graph=graph)
+    fetches = [f"{o.split(':')[0]}:0" for o in outputs]
+    feed = {f"{k.split(':')[0]}:0": v for k, v in feeds.items()}
+    return lambda: sess.run(fetches, feed)
+
+
+def measure(runners: dict[str, Callable[[], object]], warmup: int, repeat: int) -> dict[str, list[float]]:
+    times: dict[str, list[float]] = {k: [] for k in runners}
+    with Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
+                  TimeElapsedColumn(), console=console, transient=True) as progress:
+        task = progress.add_task("warm-up", total=warmup + repeat)
+        for _ in range(warmup):
+            for f in runners.values():
+                f()
+            progress.advance(task)
+        progress.update(task, description="timing (alternating)")
+        for _ in range(repeat):
+            for k, f in runners.items():
+                t = time.perf_counter()
+                f()
+                times[k].append(time.perf_counter() - t)
+            progress.advance(task)
+    return times
+
+
+@command("bench", _arguments, "latency of a model next to onnxruntime/tensorflow (medians of alternating runs)")
+def cmd_bench(args: argparse.Namespace) -> int:
+    from polyml.compiler import read_graph
+    from polyml.flops import graph_flops
+
+    target = Path(args.model)
+    peers = [p for p in args.compare.split(",") if p]
+    unknown = [p for p in peers if p not in PEERS]
+    if unknown:
+        raise PolymlError(f"--compare: unknown peer(s) {unknown}; choose from {list(PEERS)}")
+    tmp = None
+    if target.is_dir():
+        compiled = CompiledModel(target)
+        model_path = Path(compiled.manifest.get("model", {}).get("path", ""))
+        if peers and not model_path.is_file():
+            raise PolymlError(f"{target}: its manifest names no readable model file to run peers on")
+    else:
+        model_path = target
+        tmp = tempfile.TemporaryDirectory(prefix="polyml-bench-")
+        with console.status(f"compiling {target.name} …"):
+            compiled = _compile(args, target, Path(tmp.name), [])
+    try:
+        feeds = random_feeds(compiled)
+        if args.inputs:
+            from polyml.cli import _load_npz
+
+            feeds = _load_npz(args.inputs)
+        flops = 0.0
+        if model_path.is_file():
+            shapes = {n: s for n, (s, _) in compiled.inputs.items()}
+            outputs = list(compiled.outputs)
+            flops = graph_flops(read_graph(model_path, input_shapes=shapes, outputs=outputs if model_path.suffix != ".onnx" else None))
+        runners: dict[str, Callable[[], object]] = {"polyml": lambda: compiled.run(feeds)}
+        threads = args.threads
+        for p in peers:
+            if p == "onnxruntime":
+                runners[p] = onnxruntime_runner(model_path, threads, feeds)
+            else:
+                runners[p] = tensorflow_runner(model_path, threads, feeds, list(compiled.outputs))
+        times = measure(runners, args.warmup, args.repeat)
+    finally:
+        if tmp is not None:
+            tmp.cleanup()
+
+    med = {k: statistics.median(v) for k, v in times.items()}
+    table = Table(title=f"polyml bench {target.name} (threads={threads or 'all'}, {args.repeat} alternating rounds)")
+    for col, just in (("runner", "left"), ("median ms", "right"), ("min–max ms", "right"), ("GFLOP/s", "right"), ("time / polyml", "right")):
+        table.add_column(col, justify=just)
+    results = {}
+    for k, v in times.items():
+        gflops = flops / med[k] / 1e9 if flops else None
+        ratio = med[k] / med["polyml"]
+        results[k] = {"median_ms": med[k] * 1e3, "min_ms": min(v) * 1e3, "max_ms": max(v) * 1e3, "gflops": gflops, "ratio_to_polyml": ratio}
+        table.add_row(k, f"{med[k] * 1e3:.3f}", f"{min(v) * 1e3:.3f}–{max(v) * 1e3:.3f}",
+                      f"{gflops:.1f}" if gflops else "-", f"{ratio:.2f}")
+    out.print(table)
+    if flops:
+        out.print(f"{flops / 1e9:.3f} GFLOP per run (Conv, Gemm, MatMul)")
+    if args.json_file:
+        Path(args.json_file).write_text(json.dumps({"model": str(target), "gflop": flops / 1e9, "threads": threads,
+                                                    "repeat": args.repeat, "results": results}, indent=1))
+    return 0
