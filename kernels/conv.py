@@ -186,7 +186,8 @@ def affine(k: KernelBuilder, terms: list[Term], const: int = 0) -> ir.Value:
 
 
 @contextmanager
-def nest(k: KernelBuilder, extents: Sequence[int | tuple[int, int]], names: Sequence[str]) -> Iterator[list[ir.Value | int]]:
+def nest(k: KernelBuilder, extents: Sequence[int | tuple[int, int]], names: Sequence[str],
+         parallel: int = 0) -> Iterator[list[ir.Value | int]]:
     """``k.loops`` without the loops of a single iteration: their counter is the Python int.
 
     LLVM's canonicalization turns a one-trip loop into a boolean phi whose trip count SCEV cannot
@@ -194,7 +195,7 @@ def nest(k: KernelBuilder, extents: Sequence[int | tuple[int, int]], names: Sequ
     """
     spans = [(0, e) if isinstance(e, int) else tuple(e) for e in extents]
     kept = [i for i, (lo, hi) in enumerate(spans) if hi - lo != 1]
-    with k.loops([spans[i] for i in kept], names=[names[i] for i in kept]) as ivs:
+    with k.loops([spans[i] for i in kept], names=[names[i] for i in kept], parallel=sum(1 for i in kept if i < parallel)) as ivs:
         out: list[ir.Value | int] = [lo for lo, _ in spans]
         for i, iv in zip(kept, ivs):
             out[i] = iv
@@ -482,7 +483,8 @@ def _accumulate(k: KernelBuilder, src: Buffer, w: Buffer, y: Buffer, group: int,
             for w0, wcount, ww in _blocks(width, vw):
                 extents = [n_, group, mcount, *out_outer, wcount, cg, *kern_outer, tp.count]
                 names = ["n", "g", "mb", *[f"o{d}" for d in range(no)], "ob", "c", *[f"k{d}" for d in range(nj + 1)]]
-                with nest(k, extents, names=names) as iv:
+                # n, g, channel blocks, output rows and column blocks carry no dependence
+                with nest(k, extents, names=names, parallel=4 + no) as iv:
                     n, g, mblk = iv[:3]
                     os, oblk = iv[3 : 3 + no], iv[3 + no]
                     c, js, t = iv[4 + no], iv[5 + no : 5 + no + nj], iv[5 + no + nj]

@@ -103,3 +103,24 @@ def test_rebuild_into_same_folder_runs_new_code(tmp_path) -> None:
         onnx.save(single_node_model(op, {"x": (4,)}, ["y"], opset=13), str(tmp_path / "m.onnx"))
         got = polyml.compile(tmp_path / "m.onnx", tmp_path / "out").run({"x": x})["y"]
         np.testing.assert_array_equal(got, expected[op])
+
+
+def test_parallel_loops_split_only_dependence_free_dims(tmp_path) -> None:
+    """Conv's register-blocked nests run on OpenMP threads over output blocks, never over the
+    reduction (here the column tail has one block, so its nest must stay sequential)."""
+    import re
+
+    from polyml.testing import compile_and_compare, single_node_model
+
+    rng = np.random.default_rng(0)
+    w = rng.standard_normal((10, 16, 1, 1)).astype(np.float32)
+    model = single_node_model("Conv", {"x": (1, 16, 8, 70)}, initializers={"w": w})
+    for threads in (1, 2):
+        errs = compile_and_compare(model, None, output_dir=tmp_path / f"t{threads}", emit=["ll"], threads=threads)
+        assert errs["y"] <= 1e-5, errs
+    ir_text = "".join(p.read_text() for p in (tmp_path / "t2").glob("ops.*.ll") if not p.name.endswith(".opt.ll"))
+    assert "GOMP_parallel" in ir_text
+    outer = re.findall(r'define void @"[^"]+\.par\d+"\(.*?\n\{\n[^:]+:\n  br label %"[^"]*\.L0\.([a-z0-9]+)\.header"', ir_text, re.S)
+    assert outer and all(v in ("n", "g", "mb", "ob") or v.startswith("o") for v in outer), outer
+    serial = "".join(p.read_text() for p in (tmp_path / "t1").glob("ops.*.ll") if not p.name.endswith(".opt.ll"))
+    assert "GOMP_parallel" not in serial

@@ -64,6 +64,7 @@ class Buffer:
         self.ptr = ptr
         self.type = ttype
         self.name = name
+        kb._buffers.append(self)
 
     @property
     def shape(self) -> tuple[int, ...]:
@@ -104,6 +105,7 @@ class KernelBuilder:
         temps: list[Buffer],
         values: list[np.ndarray | None],
         in_types: list[TensorType | None],
+        parallel: bool = False,
     ):
         self.module = module
         self.fn = fn
@@ -116,6 +118,10 @@ class KernelBuilder:
         self.in_types = in_types
         self.prefix = sanitize(node.label)
         self._depth = 0
+        #: whether parallel_loop may distribute work over OpenMP threads
+        self.parallel = parallel
+        self._buffers: list[Buffer] = []
+        self._par_count = 0
         entry = fn.append_basic_block(f"{self.prefix}.entry")
         self.b = ir.IRBuilder(entry)
 
@@ -161,10 +167,93 @@ class KernelBuilder:
         b.position_at_end(exit_)
 
     @contextmanager
-    def loops(self, extents: Sequence[int | tuple[int, int]], names: Sequence[str] | None = None) -> Iterator[list[ir.Value]]:
-        """A perfect nest over ``extents`` (ints mean ``range(n)``, pairs ``range(lo, hi)``)."""
+    def parallel_loop(self, lo: int, hi: int, name: str = "p") -> Iterator[ir.Value]:
+        """An outermost loop whose iterations are independent, split over OpenMP threads.
+
+        The loop's body is outlined into ``<fn>.par<k>(buffers..., lo, hi)`` (``noalias``
+        pointers again, so LLVM vectorizes it as it would the op function) and called from a
+        worker run by GNU OpenMP's ``GOMP_parallel``: thread ``t`` of ``T`` gets the block
+        ``[lo + t⌈n/T⌉, min(hi, lo + (t+1)⌈n/T⌉))``.  Only buffers may cross into the body (no
+        other SSA values of the op function).  Without ``parallel`` it is a plain loop.
+        """
+        if not self.parallel or hi - lo < 2 or self._depth:
+            with self.loop(lo, hi, name) as iv:
+                yield iv
+            return
+        bufs = list(self._buffers)
+        ptypes = [buf.ptr.type for buf in bufs]
+        tag = f"{self.fn.name}.par{self._par_count}"
+        self._par_count += 1
+        body = ir.Function(self.module, ir.FunctionType(ir.VoidType(), [*ptypes, I64, I64]), tag)
+        for attr in self.fn.attributes:
+            set.add(body.attributes, attr)
+        for a in body.args[: len(bufs)]:
+            a.add_attribute("noalias")
+        saved = (self.fn, self.b, [buf.ptr for buf in bufs])
+        self.fn = body
+        self.b = ir.IRBuilder(body.append_basic_block(f"{self.prefix}.{name}.par.entry"))
+        for buf, a in zip(bufs, body.args):
+            buf.ptr = a
+        try:
+            with self.loop(body.args[-2], body.args[-1], name) as iv:
+                yield iv
+            self.b.ret_void()
+        finally:
+            self.fn, self.b = saved[0], saved[1]
+            for buf, ptr in zip(bufs, saved[2]):
+                buf.ptr = ptr
+        frame_t = ir.LiteralStructType(ptypes)
+        worker = self._parallel_worker(tag, body, frame_t, lo, hi)
+        frame = self.b.alloca(frame_t, name=f"{name}.frame")
+        for i, buf in enumerate(bufs):
+            self.b.store(buf.ptr, self.b.gep(frame, [ir.Constant(I32, 0), ir.Constant(I32, i)]))
+        i8p = ir.IntType(8).as_pointer()
+        gomp = self._declare("GOMP_parallel", ir.VoidType(), [worker.type, i8p, I32, I32])
+        self.b.call(gomp, [worker, self.b.bitcast(frame, i8p), ir.Constant(I32, 0), ir.Constant(I32, 0)])
+
+    def _declare(self, name: str, ret: ir.Type, args: list[ir.Type]) -> ir.Function:
+        fn = self.module.globals.get(name)
+        if fn is None:
+            fn = ir.Function(self.module, ir.FunctionType(ret, args), name)
+            fn.attributes.add("nounwind")
+        return fn
+
+    def _parallel_worker(self, tag: str, body: ir.Function, frame_t: ir.LiteralStructType, lo: int, hi: int) -> ir.Function:
+        """``void worker(i8* frame)``: this thread's block of ``[lo, hi)``, then ``body``."""
+        i8p = ir.IntType(8).as_pointer()
+        worker = ir.Function(self.module, ir.FunctionType(ir.VoidType(), [i8p]), f"{tag}.worker")
+        worker.attributes.add("nounwind")
+        entry = worker.append_basic_block("entry")
+        run = worker.append_basic_block("run")
+        done = worker.append_basic_block("done")
+        b = ir.IRBuilder(entry)
+        frame = b.bitcast(worker.args[0], frame_t.as_pointer())
+        ptrs = [b.load(b.gep(frame, [ir.Constant(I32, 0), ir.Constant(I32, i)])) for i in range(len(frame_t.elements))]
+        tid = b.sext(b.call(self._declare("omp_get_thread_num", I32, []), []), I64)
+        nt = b.sext(b.call(self._declare("omp_get_num_threads", I32, []), []), I64)
+        n = ir.Constant(I64, hi - lo)
+        chunk = b.sdiv(b.add(n, b.sub(nt, ir.Constant(I64, 1))), nt)
+        start = b.add(ir.Constant(I64, lo), b.mul(tid, chunk))
+        end = b.add(start, chunk)
+        end = b.select(b.icmp_signed("<", end, ir.Constant(I64, hi)), end, ir.Constant(I64, hi))
+        b.cbranch(b.icmp_signed("<", start, end), run, done)
+        b.position_at_end(run)
+        b.call(body, [*ptrs, start, end])
+        b.branch(done)
+        b.position_at_end(done)
+        b.ret_void()
+        return worker
+
+    @contextmanager
+    def loops(self, extents: Sequence[int | tuple[int, int]], names: Sequence[str] | None = None,
+              parallel: int = 0) -> Iterator[list[ir.Value]]:
+        """A perfect nest over ``extents`` (ints mean ``range(n)``, pairs ``range(lo, hi)``).
+
+        ``parallel=d``: the caller asserts that the first ``d`` dims carry no dependence; the
+        outermost of them with more than one iteration becomes a :meth:`parallel_loop`.
+        """
         names = list(names) if names else [f"i{d}" for d in range(len(extents))]
-        with _nest(self, list(extents), names) as ivs:
+        with _nest(self, list(extents), names, parallel) as ivs:
             yield ivs
 
     # -- arithmetic helpers -----------------------------------------------------------------
@@ -209,7 +298,7 @@ class KernelBuilder:
 
 
 @contextmanager
-def _nest(kb: KernelBuilder, extents: list, names: list[str]) -> Iterator[list[ir.Value]]:
+def _nest(kb: KernelBuilder, extents: list, names: list[str], parallel: int = 0) -> Iterator[list[ir.Value]]:
     if not extents:
         yield []
         return
@@ -218,9 +307,10 @@ def _nest(kb: KernelBuilder, extents: list, names: list[str]) -> Iterator[list[i
     if hi - lo == 1:
         # A one-trip loop folds into an i1 phi whose trip count SCEV cannot compute, which
         # makes Polly reject the whole nest: emit the constant index instead.
-        with _nest(kb, rest, names[1:]) as ivs:
+        with _nest(kb, rest, names[1:], parallel - 1) as ivs:
             yield [kb.i64(lo), *ivs]
         return
-    with kb.loop(lo, hi, names[0]) as iv:
+    loop = kb.parallel_loop if parallel > 0 else kb.loop
+    with loop(lo, hi, names[0]) as iv:
         with _nest(kb, rest, names[1:]) as ivs:
             yield [iv, *ivs]

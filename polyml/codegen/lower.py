@@ -96,9 +96,10 @@ class _Copy(Kernel):
             dst.store([e], src.load([e]))
 
 
-def lower_graph(graph: Graph, target: HostTarget, chunks: int = 1) -> LoweredModel:
+def lower_graph(graph: Graph, target: HostTarget, chunks: int = 1, parallel: bool = False) -> LoweredModel:
     """Lower ``graph``; op functions of one policy are dealt round-robin into ``chunks`` modules
-    so that ``opt`` can work on them in parallel."""
+    so that ``opt`` can work on them in parallel. ``parallel`` lets kernels split their outer
+    loops over OpenMP threads (:meth:`KernelBuilder.parallel_loop`)."""
     kernels = registry()
     types = graph.types
     modules: dict[str, ir.Module] = {}
@@ -185,7 +186,8 @@ def lower_graph(graph: Graph, target: HostTarget, chunks: int = 1) -> LoweredMod
         for a, (_, _, role) in zip(fn.args, params):
             a.add_attribute("noalias")
             a.name = role
-        kb = KernelBuilder(module, fn, node, [], [], [], [op.value if op else None for op in ops], [op.type if op else None for op in ops])
+        kb = KernelBuilder(module, fn, node, [], [], [], [op.value if op else None for op in ops],
+                           [op.type if op else None for op in ops], parallel=parallel)
         args = iter(fn.args)
         for i, t in enumerate(in_names):
             if not t or i in kernel.static_inputs:
