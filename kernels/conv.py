@@ -30,12 +30,13 @@ undoes the register blocking (3x3: 32 ms with ``polly``, 1x1: 27 ms with ``tile`
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 
 import llvmlite.ir as ir
 from polyml.kernels import Kernel, Operand, register
+from polyml.kernels.fused import epilogue, evaluate_chain
 
 from polyml.codegen.builder import Buffer, KernelBuilder, pointer_type
 from polyml.driver.toolchain import host_target
@@ -387,6 +388,11 @@ class Conv(Kernel):
         return _plan(node, ins[0].type, ins[1].type).temps
 
     def lower(self, k: KernelBuilder) -> None:
+        if not self._convolve(k):
+            epilogue(k, k.outputs[0])  # fused chain as its own nest over y, if there is one
+
+    def _convolve(self, k: KernelBuilder) -> bool:
+        """Emit the convolution; True if a fused epilogue was applied inside its blocks."""
         x, w = k.inputs[0], k.inputs[1]
         bias = k.inputs[2] if len(k.inputs) > 2 else None
         y = k.outputs[0]
@@ -398,35 +404,50 @@ class Conv(Kernel):
         group = int(k.attr("group", 1))
         if PREFER_VECTOR_WIDTH:
             set.add(k.fn.attributes, f'"prefer-vector-width"="{PREFER_VECTOR_WIDTH}"')
+        # Every buffer is accessed through one array shape only: Polly gives an array a single
+        # shape, and accesses through two (a 4-D store, a flattened load) make its
+        # delinearization assumption false, which dismisses the op's whole SCoP.
         acc = out_temp if out_temp is not None else y
+        if plan.mode == "pointwise":
+            acc = view(k, y, (*y.shape[:2], math.prod(win.out)), "y_flat")
         with nest(k, acc.shape, names=["in", "im", *[f"io{d}" for d in range(acc.rank - 2)]]) as ix:
             acc.store(ix, bias.load([ix[1]]) if bias is not None else k.f32(0.0))
 
         if plan.mode == "pointwise":
             # y[n, m, p] += x[n, c, p] * w[m, c] over one flattened spatial dim p
-            src = x
-            if src_temp is not None:  # strided: src[n, c, o] = x[n, c, o*s]
-                with nest(k, src_temp.shape, names=["sn", "sc", *[f"s{d}" for d in range(r)]]) as ix:
-                    src_temp.store(ix, x.load([*ix[:2], *[affine(k, [(s, o)]) for s, o in zip(win.strides, ix[2:])]]))
-                src = src_temp
             p = math.prod(win.out)
-            src, yf = view(k, src, (*src.shape[:2], p), "x_flat"), view(k, y, (*y.shape[:2], p), "y_flat")
+            src = view(k, x, (*x.shape[:2], math.prod(x.shape[2:])), "x_flat")
+            if src_temp is not None:  # strided: src[n, c, o] = x[n, c, o*s], stored flat
+                src = view(k, src_temp, (*src_temp.shape[:2], p), "x_flat")
+                with nest(k, src_temp.shape, names=["sn", "sc", *[f"s{d}" for d in range(r)]]) as ix:
+                    at = affine(k, [(math.prod(win.out[d + 1:]), o) for d, o in enumerate(ix[2:])])
+                    src.store([*ix[:2], at], x.load([*ix[:2], *[affine(k, [(s, o)]) for s, o in zip(win.strides, ix[2:])]]))
+            yf = acc
             wf = view(k, w, (*w.shape[:2], 1), "w_flat")
-            _accumulate(k, src, wf, yf, group, (), p, (), [], [], [_Taps(None, 0, 1, 1, 0, 1, 1)])
-            return
+            finish = _finisher(k, yf)
+            _accumulate(k, src, wf, yf, group, (), p, (), [], [], [_Taps(None, 0, 1, 1, 0, 1, 1)], finish)
+            return finish is not None
         if plan.mode == "phase":
             taps = _phase_split(k, x, win, src_temp)
             rows = [([s if i == e else 0 for i in range(r - 1)], [d if i == e else 0 for i in range(r - 1)], 0)
                     for e, (s, d) in enumerate(zip(win.strides[:-1], win.dilations[:-1]))]
-            _accumulate(k, src_temp, w, y, group, win.out[:-1], win.out[-1], win.kernel[:-1], rows, [0] * (r - 1), taps)
-            return
-        src, shift = padded_source(k, x, win, src_temp, 0.0)
+            finish = _finisher(k, y)
+            _accumulate(k, src_temp, w, y, group, win.out[:-1], win.out[-1], win.kernel[:-1], rows, [0] * (r - 1), taps,
+                        finish)
+            return finish is not None
+        # flat mode reads the padded copy with merged rows: fill and copy it that way too
+        fill_into = _MergedRows(k, src_temp) if plan.mode == "flat" and src_temp is not None else src_temp
+        src, shift = padded_source(k, x, win, fill_into, 0.0)
+        if src is fill_into and src_temp is not None:
+            src = src_temp
         last = [_Taps(None, 0, 1, win.kernel[-1], shift[-1], win.dilations[-1], 1)]
         if plan.mode == "direct":
             rows = [([s if i == e else 0 for i in range(r - 1)], [d if i == e else 0 for i in range(r - 1)], sh)
                     for e, (s, d, sh) in enumerate(zip(win.strides[:-1], win.dilations[:-1], shift[:-1]))]
-            _accumulate(k, src, w, y, group, win.out[:-1], win.out[-1], win.kernel[:-1], rows, [0] * (r - 1), last)
-            return
+            finish = _finisher(k, y)
+            _accumulate(k, src, w, y, group, win.out[:-1], win.out[-1], win.kernel[:-1], rows, [0] * (r - 1), last,
+                        finish)
+            return finish is not None
         # flat: the last two dims as one, on the source's row pitch P: output position
         # q = oh*P + ow reads source position q + kh*dh*P + kw*dw (+ shift); then y is cropped
         pitch = plan.pitch
@@ -439,6 +460,50 @@ class Conv(Kernel):
         with nest(k, y.shape, names=["cn", "cm", *[f"c{d}" for d in range(r)]]) as ix:
             q = affine(k, [(pitch, ix[-2]), (1, ix[-1])])
             y.store(ix, out_temp.load([*ix[:-2], q]))
+
+
+def _finisher(k: KernelBuilder, acc: Buffer) -> Callable[[list], None] | None:
+    """The fused epilogue as a per-element update of ``acc`` (the output, or its view with the
+    spatial dims merged: then each extra input is viewed the same way), or None if there is
+    none or an extra input cannot be viewed so."""
+    chain = k.node.attrs.get("epilogue")
+    if not chain:
+        return None
+    y = k.outputs[0]
+    out, rank = y.shape, y.rank
+    extra: dict[str, Buffer] = {}
+    for buf in k.inputs[k.node.attrs["epilogue_start"]:]:
+        if buf is None:
+            continue
+        if acc.shape == out:
+            extra[buf.name] = buf
+            continue
+        full = (1,) * (rank - buf.rank) + buf.shape
+        if all(d == 1 for d in full[2:]):
+            extra[buf.name] = view(k, buf, (*full[:2], 1), f"{buf.name}_flat")
+        elif full[2:] == out[2:]:
+            extra[buf.name] = view(k, buf, (*full[:2], math.prod(out[2:])), f"{buf.name}_flat")
+        else:
+            return None
+    name = k.node.attrs["epilogue_acc"]
+
+    def finish(yi: list) -> None:
+        acc.store(yi, evaluate_chain(k, chain, {name: acc.load(yi)}, extra, yi))
+
+    return finish
+
+
+class _MergedRows(Buffer):
+    """``buf`` indexed with its full shape but stored through a view with the last two dims
+    merged (``[.., r, q]`` → ``[.., r*W + q]``, affine), the shape flat mode reads it with."""
+
+    def __init__(self, k: KernelBuilder, buf: Buffer):
+        super().__init__(k, buf.ptr, buf.type, buf.name)
+        self.flat = view(k, buf, (*buf.shape[:-2], buf.shape[-2] * buf.shape[-1]), f"{buf.name}_rows")
+
+    def addr(self, idx: Sequence[ir.Value | int]) -> ir.Value:
+        merged = affine(self.kb, [(self.shape[-1], idx[-2]), (1, idx[-1])])
+        return self.flat.addr([*idx[:-2], merged])
 
 
 def _blocks(n: int, b: int) -> list[tuple[int, int, int]]:
@@ -455,7 +520,8 @@ Row = tuple[list[int], list[int], int]
 
 
 def _accumulate(k: KernelBuilder, src: Buffer, w: Buffer, y: Buffer, group: int, out_outer: Sequence[int], width: int,
-                kern_outer: Sequence[int], rows: list[Row], cols: list[int], taps: list[_Taps]) -> None:
+                kern_outer: Sequence[int], rows: list[Row], cols: list[int], taps: list[_Taps],
+                finish: Callable[[list], None] | None = None) -> None:
     """``y[n, g*Mg+m, o, ow] += src[n, g*Cg+c, rows(o, j), col(ow, j, t)] * w[g*Mg+m, c, j, jl(t)]``.
 
     ``o``/``j`` are the outer output/tap dims (``out_outer``, ``kern_outer``); source row ``i``
@@ -470,6 +536,10 @@ def _accumulate(k: KernelBuilder, src: Buffer, w: Buffer, y: Buffer, group: int,
     registers across the whole reduction and SLP-vectorizes the ``vw`` columns: per tap, ``w``
     is one broadcast per channel and ``src`` one contiguous run.  Channel and column remainders
     get their own nests.
+
+    ``finish(yi)``, if given, runs on each element of a block once its reduction is complete
+    (after the last tap family's reduction loops, inside the block loops): the fused epilogue,
+    applied while the block is still in registers.
     """
     n_, m_all = y.shape[:2]
     cg = w.shape[1]
@@ -478,30 +548,36 @@ def _accumulate(k: KernelBuilder, src: Buffer, w: Buffer, y: Buffer, group: int,
     bm, bw = BLOCKS[_isa()]
     mb = min(bm, mg)
     vw = min(max(bw, bm * bw // mb), MAX_BLOCK_W)
-    for tp in taps:
+    for ti, tp in enumerate(taps):
         for m0, mcount, mw in _blocks(mg, mb):
             for w0, wcount, ww in _blocks(width, vw):
-                extents = [n_, group, mcount, *out_outer, wcount, cg, *kern_outer, tp.count]
-                names = ["n", "g", "mb", *[f"o{d}" for d in range(no)], "ob", "c", *[f"k{d}" for d in range(nj + 1)]]
+                outer = [n_, group, mcount, *out_outer, wcount]
+                names = ["n", "g", "mb", *[f"o{d}" for d in range(no)], "ob"]
                 # n, g, channel blocks, output rows and column blocks carry no dependence
-                with nest(k, extents, names=names, parallel=4 + no) as iv:
+                with nest(k, outer, names=names, parallel=len(outer)) as iv:
                     n, g, mblk = iv[:3]
                     os, oblk = iv[3 : 3 + no], iv[3 + no]
-                    c, js, t = iv[4 + no], iv[5 + no : 5 + no + nj], iv[5 + no + nj]
-                    ic = affine(k, [(cg, g), (1, c)])
-                    ri = [affine(k, [*zip(a, os), *zip(b, js)], e) for a, b, e in rows]
-                    if tp.phase is not None:
-                        ri.append(tp.phase)
-                    col = [(tp.ostep * ww, oblk), (tp.colstep, t), *zip(cols, js)]
-                    xs = [src.load([n, ic, *ri, affine(k, col, tp.col0 + tp.ostep * (w0 + lane))]) for lane in range(ww)]
-                    jl = affine(k, [(tp.jstep, t)], tp.j0)
-                    for a in range(mw):
-                        oc = affine(k, [(mg, g), (mw, mblk)], m0 + a)
-                        wv = w.load([oc, c, *js, jl])
-                        for lane in range(ww):
-                            yi = [n, oc, *os, affine(k, [(ww, oblk)], w0 + lane)]
-                            prod = k.b.fmul(xs[lane], wv, flags=CONTRACT)
-                            y.store(yi, k.b.fadd(y.load(yi), prod, flags=CONTRACT))
-
+                    block = [[n, affine(k, [(mg, g), (mw, mblk)], m0 + a), *os, affine(k, [(ww, oblk)], w0 + lane)]
+                             for a in range(mw) for lane in range(ww)]
+                    inner = [cg, *kern_outer, tp.count]
+                    with nest(k, inner, names=["c", *[f"k{d}" for d in range(nj + 1)]]) as jv:
+                        c, js, t = jv[0], jv[1 : 1 + nj], jv[1 + nj]
+                        ic = affine(k, [(cg, g), (1, c)])
+                        ri = [affine(k, [*zip(a, os), *zip(b, js)], e) for a, b, e in rows]
+                        if tp.phase is not None:
+                            ri.append(tp.phase)
+                        col = [(tp.ostep * ww, oblk), (tp.colstep, t), *zip(cols, js)]
+                        xs = [src.load([n, ic, *ri, affine(k, col, tp.col0 + tp.ostep * (w0 + lane))]) for lane in range(ww)]
+                        jl = affine(k, [(tp.jstep, t)], tp.j0)
+                        for a in range(mw):
+                            oc = block[a * ww][1]
+                            wv = w.load([oc, c, *js, jl])
+                            for lane in range(ww):
+                                yi = block[a * ww + lane]
+                                prod = k.b.fmul(xs[lane], wv, flags=CONTRACT)
+                                y.store(yi, k.b.fadd(y.load(yi), prod, flags=CONTRACT))
+                    if finish is not None and ti == len(taps) - 1:
+                        for yi in block:
+                            finish(yi)
 
 __all__ = ["Conv", "Window", "affine", "auto_pad_of", "make_window", "padded_source", "view"]

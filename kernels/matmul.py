@@ -94,6 +94,9 @@ def gemm_function(k: KernelBuilder, m: int, n: int, kk: int) -> ir.Function:
     for attr in k.fn.attributes:  # target cpu/features and nounwind, noinline, as the op function
         set.add(fn.attributes, attr)
     fn.attributes.add("noinline")
+    # it touches only its arguments' memory: with this Polly's -polly-allow-modref-calls (used
+    # by polyml.scop) models each call as a statement of the batch loop, which then is a SCoP too
+    set.add(fn.attributes, "memory(argmem: readwrite)")
     for arg, role in zip(fn.args, ("A", "B", "C")):
         arg.add_attribute("noalias")
         arg.name = role

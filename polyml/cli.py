@@ -34,30 +34,43 @@ def parse_shape(spec: str) -> tuple[str, tuple[int, ...]]:
 
 def _add_build_options(p: argparse.ArgumentParser, outputs_flag: str = "--outputs") -> None:
     p.add_argument("--polly", action=argparse.BooleanOptionalAction, default=True, help="optimize with Polly (default on)")
-    p.add_argument("--fuse", action=argparse.BooleanOptionalAction, default=False, help="polyhedral operator fusion")
+    p.add_argument("--fuse", action=argparse.BooleanOptionalAction, default=True,
+                   help="operator fusion (default on; --no-fuse keeps one nest per op)")
     p.add_argument("--threads", type=int, default=0, help="OpenMP threads (default: all cores)")
     p.add_argument("--input-shape", action="append", default=[], metavar="NAME=1x3x224x224",
                    help="fix the shape of a graph input with symbolic dimensions (repeatable)")
     p.add_argument(outputs_flag, dest="output_names", default=None,
                    help="comma-separated output tensor names (TensorFlow graphs; default: the graph's sinks)")
+    p.add_argument("--no-cache", dest="cache", action="store_const", const=False, default=None,
+                   help="build even when the compile cache has this build (see `polyml cache`)")
+    p.add_argument("--import-jscop", metavar="DIR", default="",
+                   help="import the hand-edited JSCoP files in DIR (from --emit jscop), legality-checked first")
 
 
 def _compile(args: argparse.Namespace, model: Path, outdir: Path, emit: list[str]):
     from polyml.compiler import compile as polyml_compile
 
-    if args.fuse:
-        console.print("[yellow]note:[/] --fuse: the fusion pass is not available in this version; building one nest per op")
     shapes = dict(parse_shape(s) for s in args.input_shape)
     outputs = args.output_names.split(",") if args.output_names else None
-    return polyml_compile(model, outdir, input_shapes=shapes, outputs=outputs, emit=emit, polly=args.polly, threads=args.threads)
+    return polyml_compile(model, outdir, input_shapes=shapes, outputs=outputs, emit=emit, polly=args.polly, fuse=args.fuse,
+                          threads=args.threads, cache=getattr(args, "cache", None),
+                          import_jscop=str(Path(args.import_jscop).resolve()) if getattr(args, "import_jscop", "") else "")
 
 
 def cmd_build(args: argparse.Namespace) -> int:
+    if getattr(args, "from_manifest", None):
+        from polyml.repro import cmd_rebuild
+
+        return cmd_rebuild(args, console)
+    if not args.model or not args.output:
+        raise PolymlError("polyml build: give MODEL and -o DIR (or --from-manifest MANIFEST)")
     model = Path(args.model)
     t0 = time.perf_counter()
     compiled = _compile(args, model, Path(args.output), args.emit)
     m = compiled.manifest
-    table = Table(title=f"polyml build {model.name} → {args.output}", show_header=True)
+    hit = (getattr(compiled, "cache", None) or {}).get("hit")
+    note = " (cache hit: stage times of the cached build)" if hit else ""
+    table = Table(title=f"polyml build {model.name} → {args.output}{note}", show_header=True)
     table.add_column("stage")
     table.add_column("seconds", justify="right")
     for k, v in m["seconds"].items():
@@ -70,9 +83,28 @@ def cmd_build(args: argparse.Namespace) -> int:
         policies[f["policy"]] = policies.get(f["policy"], 0) + 1
     console.print(
         f"{len(m['functions'])} op functions ({', '.join(f'{v} {k}' for k, v in sorted(policies.items()))}); "
-        f"weights {m['weights_bytes'] / 1e6:.1f} MB, arena {m['arena_bytes'] / 1e6:.1f} MB"
+        f"weights {m['weights_bytes'] / 1e6:.1f} MB, arena {m['arena_bytes'] / 1e6:.1f} MB; "
+        f"{m['loop_nests']} loop nests, intermediates {m['intermediate_bytes'] / 1e6:.1f} MB"
     )
+    print_fusion(m.get("fusion"), verbose=args.verbose)
     return 0
+
+
+def print_fusion(fusion: dict | None, verbose: bool = False, limit: int = 12) -> None:
+    """The fusion report: which ops became which nest, and why candidates were refused."""
+    if not fusion:
+        return
+    groups, blocked, folded = fusion["groups"], fusion["blocked"], fusion["folded"]
+    fused_ops = sum(len(g["ops"]) for g in groups)
+    console.print(f"fusion: {fused_ops} ops in {len(groups)} fused nests, {len(folded)} folded into conv weights, "
+                  f"{len(blocked)} candidates refused (all in manifest.json)")
+    shown = groups if verbose else groups[:limit]
+    for g in shown:
+        console.print(f"  nest {escape(g['nest'])} ({g['kind']}): {escape(' + '.join(g['ops']))}", highlight=False)
+    if len(shown) < len(groups):
+        console.print(f"  … {len(groups) - len(shown)} more (--verbose)")
+    for b in blocked if verbose else blocked[:limit]:
+        console.print(f"  not fused: {escape(b['producer'])} → {escape(b['consumer'])}: {escape(b['reason'])}", highlight=False)
 
 
 def _load_npz(path: str) -> dict[str, np.ndarray]:
@@ -133,9 +165,13 @@ def _load_commands() -> None:
 
 
 def _build_parser(p: argparse.ArgumentParser) -> None:
-    p.add_argument("model", help="model file (.onnx, .pb, .pbtxt)")
-    p.add_argument("-o", "--output", required=True, help="artifact folder to write")
-    p.add_argument("--emit", action="append", default=[], choices=["ll"], help="also write the IR before and after opt")
+    p.add_argument("model", nargs="?", help="model file (.onnx, .pb, .pbtxt)")
+    p.add_argument("-o", "--output", help="artifact folder to write (required unless --from-manifest)")
+    p.add_argument("--from-manifest", metavar="MANIFEST", default=None,
+                   help="rebuild what a manifest.json records (MODEL overrides its model path) and report any difference")
+    p.add_argument("-v", "--verbose", action="store_true", help="print the whole fusion report")
+    p.add_argument("--emit", action="append", default=[], choices=["ll", "jscop"],
+                   help="also write the IR before and after opt (ll), Polly's JSCoP of every SCoP into jscop/ (jscop)")
     _add_build_options(p)
 
 
@@ -169,4 +205,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    # `python -m polyml.cli`: run the imported module's main, the one subcommands register with
+    from polyml.cli import main as cli_main
+
+    sys.exit(cli_main())

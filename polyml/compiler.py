@@ -45,13 +45,15 @@ def file_sha256(path: str | os.PathLike) -> str:
     return h.hexdigest()
 
 
-def compile_graph(graph: Graph, output_dir: str | os.PathLike | None = None, emit=(), model_sha256: str = "", frontend_seconds: float = 0.0, **options) -> CompiledModel:
+def compile_graph(graph: Graph, output_dir: str | os.PathLike | None = None, emit=(), model_sha256: str = "", frontend_seconds: float = 0.0,
+                  chunks: int | None = None, source: dict | None = None, **options) -> CompiledModel:
     opts = Options(**options)
     tmp = None
     if output_dir is None:
         tmp = tempfile.TemporaryDirectory(prefix="polyml-build-")
         output_dir = tmp.name
-    build_artifact(graph, opts, output_dir, emit=frozenset(emit), model_sha256=model_sha256, frontend_seconds=frontend_seconds)
+    build_artifact(graph, opts, output_dir, emit=frozenset(emit), model_sha256=model_sha256, frontend_seconds=frontend_seconds,
+                   chunks=chunks, source=source)
     model = CompiledModel(output_dir)
     model._tmp = tmp  # keeps a temporary artifact alive as long as the model
     return model
@@ -64,12 +66,37 @@ def compile(
     input_shapes: Mapping[str, tuple[int, ...]] | None = None,
     outputs: list[str] | None = None,
     emit=(),
+    cache: bool | None = None,
+    chunks: int | None = None,
     **options,
 ) -> CompiledModel:
-    """Compile a model file (``.onnx``, ``.pb``) to native code; options as :class:`Options`."""
+    """Compile a model file (``.onnx``, ``.pb``) to native code; options as :class:`Options`.
+
+    ``cache``: reuse or fill the compile cache (:mod:`polyml.cache`; default on unless
+    ``POLYML_NO_CACHE=1``); ``chunks``: modules per policy (default: one per core).
+    """
     t0 = time.perf_counter()
-    graph = read_graph(path, input_shapes=input_shapes, outputs=outputs)
-    return compile_graph(graph, output_dir, emit=emit, model_sha256=file_sha256(path), frontend_seconds=time.perf_counter() - t0, **options)
+    p = Path(path)
+    sha = file_sha256(p) if p.is_file() else ""
+    shapes = {k: list(v) for k, v in sorted((input_shapes or {}).items())}
+    source = {"path": str(p.resolve()), "input_shapes": shapes, "outputs": list(outputs) if outputs else None}
+
+    def build() -> CompiledModel:
+        graph = read_graph(path, input_shapes=input_shapes, outputs=outputs)
+        return compile_graph(graph, output_dir, emit=emit, model_sha256=sha or file_sha256(path),
+                             frontend_seconds=time.perf_counter() - t0, chunks=chunks, source=source, **options)
+
+    from polyml import cache as compile_cache
+
+    use = bool(sha) and (compile_cache.enabled_by_default() if cache is None else cache)
+    companions = compile_cache.model_companions(p) if use else None
+    if companions is None:  # no cache, or external data missing (the frontend says so)
+        model = build()
+        model.cache = {"hit": False, "key": None}
+        return model
+    chunks = chunks or os.cpu_count() or 1
+    inputs = compile_cache.cache_inputs(sha, Options(**options), shapes, outputs, list(emit), chunks, companions)
+    return compile_cache.cached_compile(build, output_dir, inputs, model_path=source["path"])
 
 
 def load(directory: str | os.PathLike) -> CompiledModel:

@@ -40,7 +40,7 @@ def bench_model(name: str, repeat: int, threads: int, work: Path) -> dict:
     compile_s = {}
     for label, polly in (("polly", True), ("no-polly", False)):
         t0 = time.perf_counter()
-        runners[label] = polyml.compile(path, work / f"{name}.{label}", polly=polly, threads=threads)
+        runners[label] = polyml.compile(path, work / f"{name}.{label}", polly=polly, threads=threads, cache=False)
         compile_s[label] = time.perf_counter() - t0
     so = ort.SessionOptions()
     so.intra_op_num_threads = threads

@@ -3,37 +3,61 @@
 # environment with polyml in editable mode plus its test extras (pip). Quick when all is there.
 # Used by `make setup`, CI (.ci/run → make test) and docker/Dockerfile.
 #   scripts/install.sh [VENV]      (default .venv; VENV=- installs into the current Python)
+# Environment (all optional):
+#   POLYML_EXTRAS=test,bench                   pip extras (default test)
+#   POLYML_LLVM_APT_VERSION=1:19.1.7-3~deb12u1 exact apt version of llvm-19 clang-19 libpolly-19-dev
+#   POLYML_PYTHON_APT_VERSION=3.11.2-1+b1      exact apt version of python3 python3-venv, installed
+#                                              only when the Python found has no working venv
+#   POLYML_INSTALL_DRY_RUN=1                   print what would be installed, change nothing
 set -euo pipefail
 cd "$(dirname "$0")/.."
 VENV=${1:-.venv}
 LLVM=19
 EXTRAS=${POLYML_EXTRAS:-test}
 PY=${PYTHON:-python3}
+LLVM_PIN=${POLYML_LLVM_APT_VERSION:-}
+PY_PIN=${POLYML_PYTHON_APT_VERSION:-}
+DRY=${POLYML_INSTALL_DRY_RUN:-}
 
+run() {  # run a command, or only show it in a dry run
+  if [ -n "$DRY" ]; then echo "install.sh: would run: $*"; else "$@"; fi
+}
+
+want=("llvm-$LLVM" "clang-$LLVM" "libpolly-$LLVM-dev")
+pins=("$LLVM_PIN" "$LLVM_PIN" "$LLVM_PIN")
+if [ "$VENV" != "-" ] && ! "$PY" -c "import ensurepip, venv" 2>/dev/null; then
+  want+=(python3 python3-venv); pins+=("$PY_PIN" "$PY_PIN"); PY=python3
+fi
 need_apt=()
-for pkg in "llvm-$LLVM" "clang-$LLVM" "libpolly-$LLVM-dev"; do
-  dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || need_apt+=("$pkg")
+for i in "${!want[@]}"; do
+  pkg=${want[$i]}; pin=${pins[$i]}
+  have=$(dpkg-query -W -f='${Status} ${Version}' "$pkg" 2>/dev/null || true)
+  if [[ "$have" == "install ok installed "* ]] && { [ -z "$pin" ] || [ "$have" = "install ok installed $pin" ]; }; then
+    continue
+  fi
+  need_apt+=("$pkg${pin:+=$pin}")
 done
 if [ ${#need_apt[@]} -gt 0 ]; then
   echo "install.sh: apt-get install ${need_apt[*]}"
   SUDO=""; [ "$(id -u)" = 0 ] || SUDO="sudo"
-  $SUDO apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${need_apt[@]}" >/dev/null
+  run $SUDO apt-get update -qq
+  run $SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${need_apt[@]}"
 fi
 # Polly's parallel code calls GNU OpenMP: libgomp must be linkable.
-if ! "clang-$LLVM" -print-file-name=libgomp.so | grep -q /; then
+if [ -z "$DRY" ] && ! "clang-$LLVM" -print-file-name=libgomp.so | grep -q /; then
   echo "install.sh: warning: libgomp.so not found by clang-$LLVM (install libgcc-12-dev or gcc)" >&2
 fi
 
 if [ "$VENV" = "-" ]; then
   PIP=("$PY" -m pip)
+  stamp=".polyml-installed"
 else
-  [ -x "$VENV/bin/python" ] || "$PY" -m venv "$VENV"
+  [ -x "$VENV/bin/python" ] || run "$PY" -m venv "$VENV"
   PIP=("$VENV/bin/python" -m pip)
+  stamp="$VENV/.polyml-installed"
 fi
-stamp="${VENV/#-/.}/.polyml-installed"
-[ "$VENV" = "-" ] && stamp=".polyml-installed"
-if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
-  "${PIP[@]}" install -q --disable-pip-version-check -e ".[$EXTRAS]"
-  touch "$stamp"
+# reinstall when pyproject.toml changed or other extras are asked for
+if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ] || [ "$(cat "$stamp")" != "$EXTRAS" ]; then
+  run "${PIP[@]}" install -q --disable-pip-version-check -e ".[$EXTRAS]"
+  [ -n "$DRY" ] || echo "$EXTRAS" > "$stamp"
 fi

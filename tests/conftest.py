@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 import sys
@@ -17,6 +18,18 @@ def filecheck(text: str, check_file: Path) -> None:
     exe = shutil.which("filecheck") or str(Path(sys.executable).parent / "filecheck")
     proc = subprocess.run([exe, str(check_file)], input=text, capture_output=True, text=True)
     assert proc.returncode == 0, f"FileCheck {check_file.name} failed:\n{proc.stdout}\n{proc.stderr}"
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _private_compile_cache(tmp_path_factory: pytest.TempPathFactory):
+    """Tests (and the polyml processes they start) use a compile cache of their own."""
+    old = os.environ.get("POLYML_CACHE_DIR")
+    os.environ["POLYML_CACHE_DIR"] = str(tmp_path_factory.mktemp("polyml-cache"))
+    yield
+    if old is None:
+        os.environ.pop("POLYML_CACHE_DIR", None)
+    else:
+        os.environ["POLYML_CACHE_DIR"] = old
 
 
 @pytest.fixture

@@ -122,6 +122,8 @@ class KernelBuilder:
         self.parallel = parallel
         self._buffers: list[Buffer] = []
         self._par_count = 0
+        #: top-level loop nests emitted so far (reported as the manifest's ``loop_nests``)
+        self.nests = 0
         entry = fn.append_basic_block(f"{self.prefix}.entry")
         self.b = ir.IRBuilder(entry)
 
@@ -145,6 +147,8 @@ class KernelBuilder:
         """``for (iv = lo; iv < hi; ++iv)`` with constant bounds; yields the induction variable."""
         b = self.b
         level = self._depth
+        if level == 0:
+            self.nests += 1
         tag = f"{self.prefix}.L{level}.{name}"
         pre = b.block
         header = b.append_basic_block(f"{tag}.header")

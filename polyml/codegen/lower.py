@@ -62,6 +62,7 @@ class LoweredModel:
     inputs: dict[str, TensorType]
     outputs: dict[str, TensorType]
     intermediate_bytes: int = 0
+    loop_nests: int = 0
     notes: list[str] = field(default_factory=list)
 
 
@@ -145,6 +146,7 @@ def lower_graph(graph: Graph, target: HostTarget, chunks: int = 1, parallel: boo
         return slot_of[t]
 
     steps: list[Step] = []
+    nests = 0
     live_ranges: dict[int, list[int]] = {}  # arena slot -> [first step, last step]
 
     def touch(slot: int) -> None:
@@ -201,6 +203,8 @@ def lower_graph(graph: Graph, target: HostTarget, chunks: int = 1, parallel: boo
             kb.temps.append(Buffer(kb, next(args), tt, f"temp{i}"))
         kernel.lower(kb)
         kb.b.ret_void()
+        nonlocal nests
+        nests += kb.nests
         for s, _, _ in params:
             touch(s)
         steps.append(Step(fname, node.label, node.op_type, kernel.polly, [s for s, _, _ in params], ptypes))
@@ -238,6 +242,7 @@ def lower_graph(graph: Graph, target: HostTarget, chunks: int = 1, parallel: boo
         inputs={n: types[n] for n in graph.inputs},
         outputs={n: types[n] for n in graph.outputs},
         intermediate_bytes=inter,
+        loop_nests=nests,
     )
 
 

@@ -27,23 +27,25 @@ import llvmlite
 
 from polyml import __version__
 from polyml.codegen.lower import LoweredModel, lower_graph
-from polyml.driver import flags
+from polyml.driver import artifact, flags
 from polyml.driver.toolchain import host_target, tool, tool_version
-from polyml.errors import ToolchainError
+from polyml.errors import PolymlError, ToolchainError
 from polyml.graph import Graph
 
 MANIFEST = "manifest.json"
 LIBRARY = "model.so"
 WEIGHTS = "weights.bin"
+JSCOP_DIR = "jscop"  # --emit jscop: Polly's JSCoP of every SCoP
+JSCOP_IMPORTED = "jscop-imported"  # --import-jscop: what was imported (edited and completing files)
 
 
-def run_tool(cmd: list[str], outdir: Path, inputs: list[Path], what: str) -> None:
+def run_tool(cmd: list[str], outdir: Path, inputs: list[Path], what: str, cwd: Path | None = None) -> None:
     """Run one toolchain command; on failure save its inputs and a reproducing command, then raise.
 
     Everything lands in ``outdir/failed/<input stem>.*``: the input files, ``.command.sh`` (the
     command with its input and ``-o`` paths pointing into ``failed/``) and ``.stderr.txt``.
     """
-    proc = subprocess.run(cmd, capture_output=True, text=True)
+    proc = subprocess.run(cmd, capture_output=True, text=True, cwd=cwd)
     if proc.returncode == 0:
         return
     fail = outdir / "failed"
@@ -52,6 +54,8 @@ def run_tool(cmd: list[str], outdir: Path, inputs: list[Path], what: str) -> Non
     moved = {str(p): str(fail / p.name) for p in inputs}
     for src, dst in moved.items():
         shutil.copy(src, dst)
+    if cwd is not None:  # arguments relative to cwd name the same inputs
+        moved |= {os.path.relpath(p, cwd): str(fail / p.name) for p in inputs}
     repro = []
     for i, arg in enumerate(cmd):
         if i > 0 and cmd[i - 1] == "-o":
@@ -64,7 +68,7 @@ def run_tool(cmd: list[str], outdir: Path, inputs: list[Path], what: str) -> Non
     first_error = next((ln for ln in lines if "error" in ln.lower() or "unknown" in ln.lower()), lines[0] if lines else "")
     raise ToolchainError(
         f"{what} failed (exit {proc.returncode}): {first_error or 'no message'}\n"
-        f"  input saved to: {', '.join(moved.values()) or '-'}\n  reproduce with: {command}"
+        f"  input saved to: {', '.join(dict.fromkeys(moved.values())) or '-'}\n  reproduce with: {command}"
     )
 
 
@@ -83,6 +87,7 @@ def toolchain_versions() -> dict[str, str]:
         "llc": tool_version("llc"),
         "clang": tool_version("clang"),
         "llvmlite": llvmlite.__version__,
+        **artifact.library_versions(),
     }
 
 
@@ -93,16 +98,32 @@ def build_artifact(
     emit: frozenset[str] = frozenset(),
     model_sha256: str = "",
     frontend_seconds: float = 0.0,
+    chunks: int | None = None,
+    source: dict | None = None,
 ) -> dict:
-    """Compile ``graph`` into the folder ``outdir``; returns the manifest written there."""
+    """Compile ``graph`` into the folder ``outdir``; returns the manifest written there.
+
+    ``chunks``: modules per policy (default: one per core; recorded for rebuilds);
+    ``source``: how the graph was read (model path, input shapes, outputs), for the manifest.
+    """
     out = Path(outdir)
+    _check_jscop_folder(options, out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "failed").exists() and shutil.rmtree(out / "failed")
+    artifact.clean_previous(out)
+    chunks = chunks or os.cpu_count() or 1
     seconds: dict[str, float] = {"frontend": round(frontend_seconds, 4)}
     target = host_target()
 
+    fusion = None
+    if options.fuse:
+        from polyml.passes.fuse import FuseOperators
+
+        t0 = time.perf_counter()
+        graph, fusion = FuseOperators().apply(graph)
+        seconds["fuse"] = time.perf_counter() - t0
     t0 = time.perf_counter()
-    lowered = lower_graph(graph, target, chunks=os.cpu_count() or 1)
+    lowered = lower_graph(graph, target, chunks=chunks, parallel=options.parallel and options.threads != 1)
     seconds["lower"] = time.perf_counter() - t0
 
     with tempfile.TemporaryDirectory(prefix="polyml-") as tmp:
@@ -115,13 +136,23 @@ def build_artifact(
             path.write_text(str(m))
             sources[name] = path
         seconds["emit"] = time.perf_counter() - t0
+        scop_imports = _stage_jscop_imports(options, sources, out, seconds)
 
         def optimize(name: str) -> tuple[Path, float]:
             t = time.perf_counter()
             policy = name.split(".")[1] if name.startswith("ops.") else "off"
             dst = work / f"{name}.opt.ll"
-            cmd = [tool("opt"), *flags.opt_flags(policy, options), str(sources[name]), "-S", "-o", str(dst)]
-            run_tool(cmd, out, [sources[name]], f"opt ({name})")
+            # input relative to cwd: opt names the module (ModuleID, source_filename, the object's
+            # FILE symbol) after it, and the temporary folder must not leak into the artifact
+            src, imported = sources[name], scop_imports.functions.get(name, []) if scop_imports else []
+            if imported:  # Polly imports the edited schedules first; the policy pipeline keeps them
+                src = work / f"{name}.scop.ll"
+                cmd = [tool("opt"), *flags.scop_import_flags(str(scop_imports.stage), imported), sources[name].name,
+                       "-S", "-o", str(src)]
+                run_tool(cmd, out, [sources[name]], f"JSCoP import ({name})", cwd=work)
+            cmd = [tool("opt"), *flags.opt_flags(policy, options), *flags.ignore_functions_flags(imported), src.name,
+                   "-S", "-o", str(dst)]
+            run_tool(cmd, out, [src], f"opt ({name})", cwd=work)
             obj = work / f"{name}.o"
             run_tool([tool("llc"), *flags.llc_flags(), str(dst), "-o", str(obj)], out, [dst], f"llc ({name})")
             return obj, time.perf_counter() - t
@@ -138,6 +169,12 @@ def build_artifact(
         run_tool([tool("clang"), *flags.link_flags(), *objs, "-o", str(lib)], out, [], "link")
         seconds["link"] = time.perf_counter() - t0
 
+        if "jscop" in emit:  # the SCoPs of the lowered modules, as Polly exports them
+            from polyml.scop import exchange
+
+            t0 = time.perf_counter()
+            exchange.export([p for k, p in sources.items() if k != "entry"], out / JSCOP_DIR, jobs=os.cpu_count() or 1)
+            seconds["jscop export"] = time.perf_counter() - t0
         if "ll" in emit:
             for name, path in sources.items():
                 shutil.copy(path, out / f"{name}.ll")
@@ -145,8 +182,37 @@ def build_artifact(
 
     (out / WEIGHTS).write_bytes(lowered.weights)
     manifest = _manifest(graph, lowered, options, model_sha256, seconds, out)
+    manifest["fusion"] = fusion.to_json() if fusion is not None else None
+    build_inputs = dict(source or {})
+    manifest["model"]["path"] = build_inputs.pop("path", "")
+    manifest["build"] = {"chunks": chunks, "emit": sorted(emit), **build_inputs}
+    manifest["jscop"] = {f: h for f, h in manifest["files"].items() if f.endswith(".jscop")}
+    manifest["artifact_sha256"] = artifact.artifact_sha256(manifest)
     (out / MANIFEST).write_text(json.dumps(manifest, indent=1, sort_keys=False) + "\n")
     return manifest
+
+
+def _check_jscop_folder(options: flags.Options, out: Path) -> None:
+    """A rebuild deletes the previous artifact's files: edited JSCoPs must live elsewhere."""
+    if options.import_jscop and out.resolve() in [Path(options.import_jscop).resolve(), *Path(options.import_jscop).resolve().parents]:
+        raise PolymlError(f"--import-jscop {options.import_jscop}: the folder lies inside the artifact folder {out} that this "
+                          "build replaces; copy the edited files elsewhere first (e.g. cp -r ART/jscop edits)")
+
+
+def _stage_jscop_imports(options: flags.Options, sources: dict[str, Path], out: Path, seconds: dict):
+    """``--import-jscop``: check the edited JSCoPs (same SCoPs, legal schedules) and stage them
+    in the artifact's ``jscop-imported/`` (:mod:`polyml.scop.exchange`); None without it."""
+    if not options.import_jscop:
+        return None
+    from polyml.scop import exchange
+
+    t0 = time.perf_counter()
+    stage = out / JSCOP_IMPORTED
+    shutil.rmtree(stage, ignore_errors=True)
+    ops = {k: p for k, p in sources.items() if k != "entry"}
+    imports = exchange.stage_imports(exchange.load_dir(options.import_jscop), ops, stage)
+    seconds["jscop import check"] = time.perf_counter() - t0
+    return imports
 
 
 def _manifest(graph: Graph, lowered: LoweredModel, options: flags.Options, model_sha256: str, seconds: dict, out: Path) -> dict:
@@ -158,18 +224,22 @@ def _manifest(graph: Graph, lowered: LoweredModel, options: flags.Options, model
         "format": 1,
         "model": {"name": graph.name, "sha256": model_sha256},
         "versions": toolchain_versions(),
-        "target": {"triple": target.triple, "cpu": target.cpu},
+        "target": {"triple": target.triple, "cpu": target.cpu, "features": target.features},
         "options": options.to_json(),
         "opt_flags": {p: flags.opt_flags(p, options) for p in sorted({k.split(".")[0] for k in lowered.modules})},
+        "llc_flags": flags.llc_flags(),
+        "link_flags": flags.link_flags(),
+        "passes": [],  # polyml's JSCoP passes in order, each {"name": ..., "options": {...}}
         "inputs": [{"name": n, "shape": list(t.shape), "dtype": t.dtype} for n, t in lowered.inputs.items()],
         "outputs": [{"name": n, "shape": list(t.shape), "dtype": t.dtype} for n, t in lowered.outputs.items()],
         "slots": [s.to_json() for s in lowered.slots],
         "arena_bytes": lowered.arena_bytes,
         "weights_bytes": len(lowered.weights),
         "intermediate_bytes": lowered.intermediate_bytes,
+        "loop_nests": lowered.loop_nests,
         "functions": [
             {"function": s.function, "node": s.node, "op_type": s.op_type, "policy": s.policy} for s in lowered.steps
         ],
         "seconds": seconds,
-        "files": {LIBRARY: sha256_file(out / LIBRARY), WEIGHTS: sha256_file(out / WEIGHTS)},
+        "files": artifact.file_hashes(out),  # every file written (JSCoP included), sorted
     }

@@ -112,6 +112,9 @@ class CompiledModel:
         """Validate names, dtypes and shapes; return C-contiguous arrays ready for native code."""
         if not isinstance(feeds, dict):
             raise InputError(f"inputs must be a dict of name -> numpy array, got {type(feeds).__name__}")
+        # TensorFlow tensor names: "x:0" is output 0 of node "x", which names the input
+        feeds = {k[:-2] if k.endswith(":0") and k not in self.inputs and k[:-2] in self.inputs else k: v
+                 for k, v in feeds.items()}
         missing = [n for n in self.inputs if n not in feeds]
         extra = [n for n in feeds if n not in self.inputs]
         if missing or extra:

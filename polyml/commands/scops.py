@@ -1,0 +1,61 @@
+"""``polyml scops MODEL``: every SCoP Polly finds, with dependences and isl AST, and what it rejected."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import sys
+import tempfile
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+from polyml.cli import command, out, parse_shape
+
+
+def _arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("model", help="model file (.onnx, .pb, .pbtxt) or LLVM IR (.ll)")
+    p.add_argument("--json", action="store_true", help="machine-readable output (the keys are documented in docs/SCOP_WORKFLOW.md)")
+    p.add_argument("--after", metavar="PASSES", default="",
+                   help="show the schedules after these passes (e.g. 'tile{sizes=32,32}'), legality-checked")
+    p.add_argument("--function", metavar="REGEX", default="", help="only functions whose name matches REGEX")
+    p.add_argument("--fuse", action=argparse.BooleanOptionalAction, default=True, help="lower with operator fusion, as build does")
+    p.add_argument("--input-shape", action="append", default=[], metavar="NAME=1x3x224x224",
+                   help="fix the shape of a graph input with symbolic dimensions (repeatable)")
+    p.add_argument("--outputs", dest="output_names", default=None, help="comma-separated output tensor names (TensorFlow)")
+
+
+@command("scops", _arguments, "list the SCoPs of a model or .ll file: statements, accesses, dependences, AST")
+def cmd_scops(args: argparse.Namespace) -> int:
+    from polyml import passes
+    from polyml.scop import dependences, legality, printer
+    from polyml.scop.detect import detect
+    from polyml.scop.exchange import model_sources
+
+    pipeline = passes.parse_pipeline(args.after) if args.after else []
+    shapes = dict(parse_shape(s) for s in args.input_shape)
+    outputs = args.output_names.split(",") if args.output_names else None
+    jobs = os.cpu_count() or 1
+    with tempfile.TemporaryDirectory(prefix="polyml-scops-") as tmp:
+        src = model_sources(Path(args.model), Path(tmp), shapes, outputs, args.fuse, chunks=jobs)
+        with ThreadPoolExecutor(max_workers=jobs) as pool:
+            found = list(pool.map(detect, src.files.values()))
+    keep = re.compile(args.function) if args.function else None
+    scops = [s for d in found for s in d.scops if keep is None or keep.search(s.function)]
+    rejected = [r for d in found for r in d.rejected if keep is None or keep.search(r.function)]
+    entries = []
+    for s in scops:
+        deps = dependences.compute(s.jscop, s.access_kinds)
+        jscop = s.jscop
+        if pipeline:
+            jscop = passes.run(pipeline, s.jscop)
+            legality.check(s.jscop, jscop, f"{s.function} {s.region} after {args.after}", deps, s.access_kinds)
+        entries.append(printer.scop_json(s, jscop, src.op_of, deps))
+    report = printer.report_json(entries, rejected, src.op_of)
+    if args.json:
+        sys.stdout.write(json.dumps(report, indent=1) + "\n")
+    else:
+        title = f"{args.model}" + (f" after {args.after}" if args.after else "")
+        printer.print_text(report, out, title)
+    return 0

@@ -1,0 +1,199 @@
+"""The JSCoP round trip through ``opt``: export SCoPs, check edited ones, import them.
+
+Both directions run Polly at the same place (after its early canonicalization, on the nests as
+the lowering emitted them; :data:`polyml.driver.flags.SCOP_CANONICALIZE`), so the regions and
+statements of an exported file are exactly those the importer sees.  Import is its own ``opt``
+step before the module's policy pipeline::
+
+    lowered.ll ─ canonicalize, polly-import-jscop, polly-codegen ─▶ scop.ll ─ policy opt (-O3 …) ─▶ .o
+
+and the policy pipeline's Polly (if any) leaves the imported functions alone
+(``-polly-ignore-func``), so the imported schedule is what runs.  Every edited JSCoP is checked
+first: same SCoP (statements, domains, accesses) and a legal schedule under the dependences of
+the original (:mod:`polyml.scop.legality`).
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+import shutil
+import subprocess
+from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from polyml.driver import flags
+from polyml.driver.toolchain import tool
+from polyml.errors import ToolchainError
+from polyml.scop import jscop as J
+from polyml.scop import legality
+from polyml.scop.detect import Detection, Scop, detect
+
+
+def defined_functions(ll_text: str) -> list[str]:
+    """Names of the functions an LLVM IR text defines."""
+    return [m.group(1).strip('"') for m in re.finditer(r'^define [^@]*@("(?:[^"\\]|\\.)*"|[\w.$-]+)\(', ll_text, re.M)]
+
+
+def export(sources: Sequence[Path], out_dir: Path, jobs: int = 1) -> list[Detection]:
+    """Write the JSCoP of every SCoP of the IR files ``sources`` into ``out_dir``."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
+        return list(pool.map(lambda p: detect(p, keep=out_dir), sources))
+
+
+@dataclass
+class Imports:
+    """JSCoPs checked and staged for import, by module."""
+
+    stage: Path
+    #: module name → functions whose SCoPs are imported there
+    functions: dict[str, list[str]] = field(default_factory=dict)
+    #: user file name → digest of what was imported
+    files: dict[str, str] = field(default_factory=dict)
+
+
+def stage_imports(edited: Mapping[str, dict], sources: Mapping[str, Path], stage: Path,
+                  detected: Mapping[str, Detection] | None = None) -> Imports:
+    """Check ``edited`` (``{file name: JSCoP}``) against freshly detected SCoPs of ``sources``
+    (``{module name: IR file}``) and write the folder Polly imports from.
+
+    Every SCoP of an imported function needs a file (Polly's importer stops otherwise): the
+    ones not edited are staged as exported.  ``detected``: detections of (some of) the modules
+    already at hand (restricted to no function).
+    """
+    stage.mkdir(parents=True, exist_ok=True)
+    owner: dict[str, str] = {}
+    for module, path in sources.items():
+        for fn in defined_functions(path.read_text()):
+            owner.setdefault(fn, module)
+    wanted: dict[str, dict[str, dict]] = {}
+    for name, data in edited.items():
+        fn, region = J.split_file_name(name)
+        if fn not in owner:
+            known = ", ".join(sorted(owner)[:12]) + (" ..." if len(owner) > 12 else "")
+            raise J.JscopError(f"{name}: no function {fn!r} in this build (functions: {known})")
+        wanted.setdefault(fn, {})[region] = data
+    imports = Imports(stage)
+    for fn in wanted:
+        imports.functions.setdefault(owner[fn], []).append(fn)
+    for module, fns in imports.functions.items():
+        found = (detected or {}).get(module) or detect(sources[module], functions=fns)
+        by_fn = found.by_function()
+        for fn in fns:
+            originals = {s.region: s for s in by_fn.get(fn, [])}
+            for region, data in wanted[fn].items():
+                name = J.file_name(fn, region)
+                orig = originals.get(region)
+                if orig is None:
+                    have = ", ".join(sorted(originals)) or "none"
+                    raise J.JscopError(f"{name}: {fn} has no SCoP {region!r} (its SCoPs: {have}); re-export with --emit jscop")
+                legality.check(orig.jscop, data, name, access_kinds=orig.access_kinds)
+            for region, orig in originals.items():
+                data = wanted[fn].get(region, orig.jscop)
+                J.dump(J.padded(data), stage / orig.file_name)
+                if region in wanted[fn]:
+                    imports.files[orig.file_name] = J.digest(data)
+    return imports
+
+
+def load_dir(folder: str | Path) -> dict[str, dict]:
+    """``{file name: JSCoP}`` of a folder of (edited) JSCoP files."""
+    files = J.find(folder)
+    if not files:
+        raise J.JscopError(f"{folder}: no {J.SUFFIX} files to import")
+    return {p.name: J.load(p) for p in files}
+
+
+def apply_imports(src: Path, dst: Path, stage: Path, functions: list[str], postopts: bool = False, opt_level: int = 0,
+                  extra: Sequence[str] = ()) -> None:
+    """``opt``: import the staged JSCoPs of ``functions`` into ``src`` and generate their code."""
+    cmd = [tool("opt"), *flags.scop_import_flags(str(stage), functions, postopts, opt_level), *extra, src.name, "-S",
+           "-o", str(dst)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, cwd=src.parent)
+    if proc.returncode != 0:
+        tail = "\n".join(proc.stderr.strip().splitlines()[-6:])
+        raise ToolchainError(f"JSCoP import failed (exit {proc.returncode}):\n{tail}\n"
+                             f"  reproduce with: cd {shlex.quote(str(src.parent))} && {shlex.join(cmd)}")
+
+
+def transform(src: Path, dst: Path, rewrite: Callable[[Scop], dict | None], work: Path, postopts: bool = False,
+              opt_level: int = 0, keep_jscop: Path | None = None, extra: Sequence[str] = ()) -> tuple[Detection, dict[str, dict]]:
+    """Detect the SCoPs of ``src``, rewrite each with ``rewrite`` (None: leave it alone), check
+    and import the results into ``dst``.  Returns the detection and the new JSCoPs by file."""
+    found = detect(src)
+    new: dict[str, dict] = {}
+    for s in found.scops:
+        data = rewrite(s)
+        if data is not None:
+            new[s.file_name] = data
+    if keep_jscop is not None:
+        keep_jscop.mkdir(parents=True, exist_ok=True)
+        for s in found.scops:
+            J.dump(s.jscop, keep_jscop / s.file_name)
+            if s.file_name in new:
+                J.dump(new[s.file_name], keep_jscop / (s.file_name + ".new"))
+    work.mkdir(parents=True, exist_ok=True)
+    local = work / src.name
+    if local.resolve() != src.resolve():
+        shutil.copy(src, local)
+    if not new:
+        if opt_level:
+            run_opt(local, dst, [f"-O{opt_level}"])
+        else:
+            shutil.copy(src, dst)
+        return found, new
+    imports = stage_imports(new, {"input": local}, work / "stage", {"input": found})
+    apply_imports(local, dst, imports.stage, imports.functions["input"], postopts, opt_level, extra)
+    return found, new
+
+
+def run_opt(src: Path, dst: Path, args: list[str]) -> None:
+    cmd = [tool("opt"), *args, src.name, "-S", "-o", str(dst)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, cwd=src.parent)
+    if proc.returncode != 0:
+        raise ToolchainError(f"opt failed (exit {proc.returncode}): {proc.stderr.strip()[-400:]}\n  reproduce with: {shlex.join(cmd)}")
+
+
+@dataclass
+class Sources:
+    """IR files to find SCoPs in, and the op each function belongs to."""
+
+    files: dict[str, Path]
+    ops: dict[str, str] = field(default_factory=dict)  # function → graph node label
+
+    def op_of(self, function: str) -> str:
+        """The node a function was lowered from (helpers ``<fn>.gemm2d``, ``<fn>.par0`` belong
+        to ``<fn>``); the function's own name outside a model."""
+        name = function
+        while name not in self.ops and "." in name:
+            name = name.rsplit(".", 1)[0]
+        return self.ops.get(name, function)
+
+
+def model_sources(model: Path, work: Path, input_shapes: Mapping[str, tuple[int, ...]] | None = None,
+                  outputs: list[str] | None = None, fuse: bool = True, chunks: int = 1) -> Sources:
+    """Lower a model file (or take an ``.ll`` file as is) into IR files as ``polyml build`` does."""
+    if model.suffix == ".ll":
+        if not model.is_file():
+            raise J.JscopError(f"{model}: no such IR file")
+        return Sources({"input": model})
+    from polyml.codegen.lower import lower_graph
+    from polyml.compiler import read_graph
+    from polyml.driver.toolchain import host_target
+
+    graph = read_graph(model, input_shapes=input_shapes, outputs=outputs)
+    if fuse:
+        from polyml.passes.fuse import FuseOperators
+
+        graph, _ = FuseOperators().apply(graph)
+    lowered = lower_graph(graph, host_target(), chunks=chunks)
+    work.mkdir(parents=True, exist_ok=True)
+    files = {}
+    for name, module in lowered.modules.items():
+        path = work / f"ops.{name}.ll"
+        path.write_text(str(module))
+        files[f"ops.{name}"] = path
+    return Sources(files, {s.function: s.node for s in lowered.steps})

@@ -1,0 +1,141 @@
+"""Latency of polyml next to TensorFlow on frozen Keras applications (needs TensorFlow).
+
+For each model: freeze it with ``scripts/freeze_keras.py`` (unless ``build/tf/NAME.pb`` exists),
+compile it with polyml (``--polly``, and each ``--layouts`` variant of the TF frontend), run
+TensorFlow on the same frozen GraphDef in a ``tf.compat.v1.Session`` (intra-op threads =
+``--threads``, inter-op 1), check the outputs against TensorFlow's, then time all runners in
+alternating rounds after warm-up, in this process, with the same thread count.  Prints a
+markdown table of medians (for docs/PERFORMANCE.md and docs/TENSORFLOW.md).
+
+    python scripts/bench_tf.py [--models mobilenet_v2_224,resnet50_224] [--repeat 20] [--threads 2] \\
+        [--layouts nchw,nhwc] [--json out.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+import polyml  # noqa: E402
+from polyml.compiler import compile_graph  # noqa: E402
+from polyml.flops import graph_flops  # noqa: E402
+from polyml.frontends.tensorflow import from_graphdef  # noqa: E402
+from polyml.testing import rel_error  # noqa: E402
+
+ROOT = Path(__file__).resolve().parent.parent
+FREEZE = {  # stem → freeze_keras.py arguments
+    "mobilenet_v2_224": ["mobilenet_v2", "--size", "224"],
+    "resnet50_224": ["resnet50", "--size", "224"],
+    "mobilenet_v2_224_tf1": ["mobilenet_v2", "--size", "224", "--tf1"],
+    "resnet50_224_tf1": ["resnet50", "--size", "224", "--tf1"],
+}
+
+
+def ensure_frozen(stem: str, work: Path) -> Path:
+    pb = work / f"{stem}.pb"
+    if not pb.exists():
+        subprocess.run([sys.executable, str(ROOT / "scripts" / "freeze_keras.py"), *FREEZE[stem], "-o", str(work)], check=True)
+    return pb
+
+
+def tf_session(pb: Path, threads: int):
+    import tensorflow as tf
+
+    gd = tf.compat.v1.GraphDef()
+    gd.ParseFromString(pb.read_bytes())
+    g = tf.Graph()
+    with g.as_default():
+        tf.compat.v1.import_graph_def(gd, name="")
+    cfg = tf.compat.v1.ConfigProto(intra_op_parallelism_threads=threads, inter_op_parallelism_threads=1)
+    return tf.compat.v1.Session(graph=g, config=cfg)
+
+
+def bench(stem: str, repeat: int, threads: int, layouts: list[str], work: Path) -> dict:
+    pb = ensure_frozen(stem, work)
+    with np.load(work / f"{stem}.in.npz") as z:
+        feeds = {k: z[k] for k in z.files}
+    with np.load(work / f"{stem}.out.npz") as z:
+        ref = {k: z[k] for k in z.files}
+    runners, compile_s, errors = {}, {}, {}
+    flops = 0
+    for layout in layouts:
+        t0 = time.perf_counter()
+        graph = from_graphdef(pb, layout=layout)
+        frontend = time.perf_counter() - t0
+        flops = graph_flops(graph)
+        m = compile_graph(graph, work / f"{stem}.{layout}.polyml", polly=True, threads=threads, frontend_seconds=frontend)
+        compile_s[layout] = time.perf_counter() - t0
+        got = m.run(feeds)
+        errors[layout] = max(rel_error(got[k], ref[k]) for k in ref)
+        runners[f"polyml-{layout}"] = (lambda m=m: m.run(feeds))
+        transposes = sum(1 for n in graph.nodes if n.op_type == "Transpose")
+        compile_s[f"{layout}-transposes"] = transposes
+    sess = tf_session(pb, threads)
+    fetch = [f"{k}:0" for k in ref]
+    feed = {f"{k}:0": v for k, v in feeds.items()}
+    tf_out = dict(zip(ref, sess.run(fetch, feed)))
+    errors["tensorflow-session"] = max(rel_error(tf_out[k], ref[k]) for k in ref)
+    runners["tensorflow"] = lambda: sess.run(fetch, feed)
+    for f in runners.values():
+        for _ in range(3):
+            f()
+    times: dict[str, list[float]] = {k: [] for k in runners}
+    for _ in range(repeat):
+        for k, f in runners.items():
+            t = time.perf_counter()
+            f()
+            times[k].append(time.perf_counter() - t)
+    med = {k: statistics.median(v) * 1e3 for k, v in times.items()}
+    return {"model": stem, "gflop": flops / 1e9, "median_ms": med,
+            "min_ms": {k: min(v) * 1e3 for k, v in times.items()}, "compile_s": compile_s, "rel_error": errors}
+
+
+def markdown(rows: list[dict], layouts: list[str]) -> str:
+    head = ["model", "GFLOP", *[f"polyml {lay} ms" for lay in layouts], "TensorFlow ms",
+            f"ratio polyml {layouts[0]}/TF", "max rel err", "compile s"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" + "---:|" * (len(head) - 1)]
+    for r in rows:
+        med = r["median_ms"]
+        cells = [r["model"], f"{r['gflop']:.2f}", *[f"{med[f'polyml-{lay}']:.1f}" for lay in layouts],
+                 f"{med['tensorflow']:.1f}", f"{med[f'polyml-{layouts[0]}'] / med['tensorflow']:.2f}",
+                 f"{max(r['rel_error'][lay] for lay in layouts):.1e}", f"{r['compile_s'][layouts[0]]:.1f}"]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--models", default="mobilenet_v2_224,resnet50_224")
+    ap.add_argument("--repeat", type=int, default=20)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--layouts", default="nchw", help="comma-separated TF frontend layouts (nchw, nhwc)")
+    ap.add_argument("--work", default=str(ROOT / "build" / "tf"))
+    ap.add_argument("--json", default=None)
+    args = ap.parse_args(argv)
+    work = Path(args.work)
+    work.mkdir(parents=True, exist_ok=True)
+    layouts = args.layouts.split(",")
+    polyml.runtime.model.set_num_threads(args.threads)
+    rows = []
+    for stem in args.models.split(","):
+        r = bench(stem, args.repeat, args.threads, layouts, work)
+        rows.append(r)
+        print(json.dumps(r), file=sys.stderr)
+    print(markdown(rows, layouts))
+    if args.json:
+        Path(args.json).write_text(json.dumps(rows, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
