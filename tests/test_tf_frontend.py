@@ -633,6 +633,20 @@ def test_unsupported_ops_listed_at_once(tmp_path: Path) -> None:
     assert not (tmp_path / "out" / "model.so").exists()
 
 
+def test_control_flow_cycle_is_unsupported() -> None:
+    g = G()
+    g.placeholder("x", [2])
+    g.node("enter", "Enter", ["x"], T=1, frame_name="loop")
+    g.node("merge", "Merge", ["enter", "next"], T=1, N=2)
+    g.node("body", "Relu", ["merge"], T=1)
+    g.node("next", "NextIteration", ["body"], T=1)
+    g.node("exit", "Exit", ["merge"], T=1)
+    with pytest.raises(UnsupportedError) as info:
+        from_graphdef(g.gd)
+    msg = str(info.value)
+    assert "op types: Enter, Exit, Merge, NextIteration" in msg and "cycle" in msg, msg
+
+
 @pytest.mark.parametrize("fraction", [0.05, 0.3, 0.6, 0.95])
 def test_truncated_pb(tmp_path: Path, fraction: float) -> None:
     data = (FIXTURES / "tiny_32_tf1.pb").read_bytes()

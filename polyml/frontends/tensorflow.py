@@ -39,6 +39,7 @@ a MatMul followed by a bias Add becomes a Gemm; back-to-back Transposes compose.
 
 from __future__ import annotations
 
+import heapq
 import os
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -360,8 +361,6 @@ class _Importer:
         for n, ds in deps.items():
             for d in ds:
                 users[d].append(n)
-        import heapq
-
         ready = [(order_idx[n], n) for n, ds in deps.items() if not ds]
         heapq.heapify(ready)
         remaining = {n: len(ds) for n, ds in deps.items()}
@@ -375,8 +374,9 @@ class _Importer:
                     heapq.heappush(ready, (order_idx[u], u))
         if len(order) != len(needed):
             cyc = sorted((n for n in needed if remaining[n] > 0), key=order_idx.get)
-            bad = [(n, self.by_name[n].op, "no lowering for this op type (control flow)") for n in cyc
-                   if self.by_name[n].op not in CONVERTERS and self.by_name[n].op not in PASS_THROUGH]
+            ops = {n: self.by_name[n].op for n in sorted(needed, key=order_idx.get)}
+            bad = [(n, op, "no lowering for this op type" + (" (in a cycle: control flow)" if n in cyc else ""))
+                   for n, op in ops.items() if op not in CONVERTERS and op not in PASS_THROUGH and op != "Placeholder"]
             if bad:
                 raise UnsupportedError(bad)
             raise GraphError(f"graph has a cycle through nodes {cyc[:8]}")

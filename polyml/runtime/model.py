@@ -105,6 +105,18 @@ class CompiledModel:
                 self._table[i] = self._weights.ctypes.data + s["offset"]
             elif s["kind"] == "arena":
                 self._table[i] = self._arena.ctypes.data + s["offset"]
+        # views (Concat inputs stored in place): parent pointer + byte offset; parents come first.
+        # A view whose root is an input or output slot is refilled on every run.
+        self._dynamic_views: list[tuple[int, int, int]] = []
+        for i, s in enumerate(self._slots):
+            if s["kind"] == "view":
+                root = s["parent"]
+                while self._slots[root]["kind"] == "view":
+                    root = self._slots[root]["parent"]
+                if self._slots[root]["kind"] in ("input", "output"):
+                    self._dynamic_views.append((i, s["parent"], s["offset"]))
+                else:
+                    self._table[i] = self._table[s["parent"]] + s["offset"]
         self._lock = threading.Lock()
         set_num_threads(int(m["options"].get("threads", 0)))
 
@@ -143,6 +155,8 @@ class CompiledModel:
                     self._table[i] = ready[s["name"]].ctypes.data
                 elif s["kind"] == "output":
                     self._table[i] = outs[s["name"]].ctypes.data
+            for i, parent, offset in self._dynamic_views:
+                self._table[i] = self._table[parent] + offset
             self._main(self._table)
         return outs
 
