@@ -1,0 +1,94 @@
+"""``polyml build --target cuda``: the artifact of a CUDA build.
+
+Layout: ``ptx/<op function>.ptx`` (one PTX module per op, its kernels are ``.entry`` functions),
+``weights.bin`` (uploaded to the device once) and ``manifest.json`` with ``"target": "cuda"``,
+the SM, the slots and memory plan, and ``kernels``: the launches in order, each with its op,
+grid and block dimensions, argument slots and the band mapping (which loop became which
+``blockIdx``/``threadIdx``, which stayed a loop).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import time
+from pathlib import Path
+
+from polyml import __version__
+from polyml.gpu import DEFAULT_SM, TRIPLE
+from polyml.gpu.lower import lower_graph_cuda
+from polyml.gpu.ptx import assemble, ptxas, to_ptx
+from polyml.graph import Graph
+
+MANIFEST = "manifest.json"
+WEIGHTS = "weights.bin"
+PTX_DIR = "ptx"
+
+
+def build_cuda_artifact(graph: Graph, outdir: str | os.PathLike, sm: str = DEFAULT_SM, fuse: bool = True,
+                        check_ptxas: bool | None = None, model_sha256: str = "", source: dict | None = None) -> dict:
+    """Compile ``graph`` into PTX in ``outdir``; returns the manifest written there.
+
+    ``check_ptxas``: assemble every PTX file with ``ptxas -arch=<sm>`` (default: when ptxas is
+    installed); the result is recorded in the manifest.
+    """
+    out = Path(outdir)
+    out.mkdir(parents=True, exist_ok=True)
+    for old in (out / PTX_DIR, out / "model.so"):
+        if old.is_dir():
+            shutil.rmtree(old)
+        elif old.exists():
+            old.unlink()
+    (out / PTX_DIR).mkdir()
+    seconds: dict[str, float] = {}
+    fusion = None
+    if fuse:
+        from polyml.passes.fuse import FuseOperators
+
+        t0 = time.perf_counter()
+        graph, fusion = FuseOperators().apply(graph)
+        seconds["fuse"] = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    low = lower_graph_cuda(graph)
+    seconds["lower+map"] = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    files: dict[str, str] = {}
+    for fname, module in low.modules.items():
+        text = to_ptx(module, sm)
+        path = out / PTX_DIR / f"{fname}.ptx"
+        path.write_text(text)
+        files[f"{PTX_DIR}/{fname}.ptx"] = hashlib.sha256(text.encode()).hexdigest()
+    seconds["ptx"] = time.perf_counter() - t0
+    checked = ptxas() is not None if check_ptxas is None else check_ptxas
+    if checked:
+        t0 = time.perf_counter()
+        for name in files:
+            assemble(out / name, sm)
+        seconds["ptxas"] = time.perf_counter() - t0
+    (out / WEIGHTS).write_bytes(low.weights)
+    manifest = {
+        "format": 1,
+        "polyml_version": __version__,
+        "target": "cuda",
+        "triple": TRIPLE,
+        "sm": sm,
+        "ptxas_checked": checked,
+        "model": {"sha256": model_sha256, **(source or {})},
+        "inputs": [{"name": n, "shape": list(t.shape), "dtype": t.dtype} for n, t in low.inputs.items()],
+        "outputs": [{"name": n, "shape": list(t.shape), "dtype": t.dtype} for n, t in low.outputs.items()],
+        "slots": [s.to_json() for s in low.slots],
+        "weights_bytes": len(low.weights),
+        "arena_bytes": low.arena_bytes,
+        "kernels": [launch.to_json() for launch in low.launches],
+        "files": files,
+        "fusion": fusion.to_json() if fusion is not None else None,
+        "seconds": {k: round(v, 4) for k, v in seconds.items()},
+        "options": {"fuse": fuse, "sm": sm},
+    }
+    (out / MANIFEST).write_text(json.dumps(manifest, indent=1) + "\n")
+    return manifest
+
+
+__all__ = ["build_cuda_artifact"]
