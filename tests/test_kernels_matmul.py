@@ -182,3 +182,13 @@ def test_polly_gemm_pattern_applies(op: str, inputs: dict, attrs: dict, tmp_path
 def test_shape_errors(op: str, inputs: dict, attrs: dict) -> None:
     with pytest.raises(ShapeError):
         from_onnx(node_model(op, inputs, **attrs))
+
+
+@pytest.mark.parametrize("sa,sb", [((1024, 1024), (1024, 1024)), ((257, 300), (300, 200)), ((3, 129, 64), (64, 96))],
+                         ids=["1024^3", "odd-rows", "batch-stacked"])
+def test_matmul_row_blocks_parallel(sa: tuple[int, ...], sb: tuple[int, ...]) -> None:
+    """Products large enough to split their rows over the cores (kernels/matmul.py
+    ``parallel_gemm``; an uneven split gets a tail-block function), 2 threads; 1024³ is issue
+    7's GEMM benchmark (its speed is measured by scripts/bench_gemm.py, not asserted here)."""
+    inputs = {"a": sa, "b": sb}
+    check(node_model("MatMul", inputs), feeds_for(inputs), threads=2)

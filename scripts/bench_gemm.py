@@ -1,0 +1,97 @@
+"""GFLOP/s of a polyml-compiled single MatMul model next to numpy's OpenBLAS SGEMM.
+
+Both run in this process with the same thread count, alternating round by round after
+warm-up; prints medians (and min-max) per size and the ratio polyml / OpenBLAS, plus polyml's
+max relative error against numpy.  ``OPENBLAS_CORETYPE`` and ``OPENBLAS_L2_SIZE`` are removed
+from the environment before numpy loads (an image that pins Haswell halves OpenBLAS's speed).
+
+    python scripts/bench_gemm.py [--sizes 1024,512] [--threads 2] [--repeat 20] [--json out.json]
+"""
+
+from __future__ import annotations
+
+import os
+
+for _var in ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE"):
+    os.environ.pop(_var, None)
+
+import argparse  # noqa: E402
+import json  # noqa: E402
+import statistics  # noqa: E402
+import tempfile  # noqa: E402
+import time  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+import numpy as np  # noqa: E402
+import onnx  # noqa: E402
+
+from polyml.compiler import compile as polyml_compile  # noqa: E402
+from polyml.testing import rel_error, single_node_model  # noqa: E402
+
+
+def _blas_threads(n: int) -> str:
+    """Limit OpenBLAS to ``n`` threads (threadpoolctl when installed); describe the library."""
+    try:
+        from threadpoolctl import threadpool_info, threadpool_limits
+    except ImportError:
+        return "threadpoolctl not installed: OpenBLAS uses its default thread count"
+    threadpool_limits(n, user_api="blas")
+    info = [i for i in threadpool_info() if i.get("user_api") == "blas"]
+    return ", ".join(f"{i['internal_api']} {i['version']} {i.get('architecture', '')} threads={i['num_threads']}" for i in info)
+
+
+def bench_size(n: int, threads: int, repeat: int, warmup: int, work: Path, **options) -> dict:
+    """Median seconds of polyml and numpy on an n×n×n float32 MatMul, alternating."""
+    path = work / f"matmul{n}.onnx"
+    onnx.save(single_node_model("MatMul", {"a": (n, n), "b": (n, n)}), str(path))
+    t0 = time.perf_counter()
+    compiled = polyml_compile(path, work / f"build{n}", cache=False, threads=threads, **options)
+    compile_s = time.perf_counter() - t0
+    rng = np.random.default_rng(0)
+    a = rng.standard_normal((n, n), dtype=np.float32)
+    b = rng.standard_normal((n, n), dtype=np.float32)
+    feeds = {"a": a, "b": b}
+    got = compiled.run(feeds)["y"]
+    err = rel_error(got, a.astype(np.float64) @ b.astype(np.float64))
+    runners = {"polyml": lambda: compiled.run(feeds), "openblas": lambda: np.matmul(a, b)}
+    times: dict[str, list[float]] = {k: [] for k in runners}
+    for i in range(warmup + repeat):
+        for name, fn in runners.items():
+            t = time.perf_counter()
+            fn()
+            if i >= warmup:
+                times[name].append(time.perf_counter() - t)
+    flop = 2.0 * n**3
+    row = {"n": n, "compile_s": round(compile_s, 2), "max_rel_err": err}
+    for name, ts in times.items():
+        med = statistics.median(ts)
+        row[name] = {"median_ms": med * 1e3, "min_ms": min(ts) * 1e3, "max_ms": max(ts) * 1e3, "gflops": flop / med / 1e9}
+    row["ratio"] = row["polyml"]["gflops"] / row["openblas"]["gflops"]
+    return row
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--sizes", default="1024", help="comma-separated square sizes")
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--repeat", type=int, default=20)
+    ap.add_argument("--warmup", type=int, default=3)
+    ap.add_argument("--no-polly", action="store_true")
+    ap.add_argument("--json", dest="json_file")
+    args = ap.parse_args()
+    print(_blas_threads(args.threads))
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="polyml-gemm-") as tmp:
+        for n in (int(s) for s in args.sizes.split(",")):
+            r = bench_size(n, args.threads, args.repeat, args.warmup, Path(tmp), polly=not args.no_polly)
+            rows.append(r)
+            p, o = r["polyml"], r["openblas"]
+            print(f"{n}³ threads={args.threads}: polyml {p['gflops']:.1f} GFLOP/s ({p['median_ms']:.2f} ms, "
+                  f"{p['min_ms']:.2f}-{p['max_ms']:.2f}), OpenBLAS {o['gflops']:.1f} GFLOP/s ({o['median_ms']:.2f} ms), "
+                  f"ratio {r['ratio']:.2f}, max rel err {r['max_rel_err']:.1e}, compile {r['compile_s']} s", flush=True)
+    if args.json_file:
+        Path(args.json_file).write_text(json.dumps(rows, indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    main()
