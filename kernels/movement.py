@@ -78,7 +78,9 @@ class Concat(Kernel):
         axis = normalize_axis(k.node, int(k.attr("axis")), out.rank)
         offset = 0
         for j, src in enumerate(k.inputs):
-            if src is None:
+            if src is None:  # absent, or stored in place in its slice of out (codegen.lower)
+                t = k.in_types[j]
+                offset += t.shape[axis] if t is not None and k.node.inputs[j] else 0
                 continue
             if src.type.size:
                 off = offset

@@ -16,6 +16,12 @@ that ceil mode adds past the end padding never count).  The count factors over d
 ``cnt(o) = prod_d #{j : lo_d <= o_d*s_d + j*d_d - pb_d < hi_d}``; where it varies with ``o_d``
 it is computed in the statement from integer compares on the loop counters (no table).
 
+Fused prologue (:mod:`polyml.passes.fuse`): a node with ``attrs["prologue"]`` reads no stored
+input; its inputs are the external tensors of an elementwise chain ``f`` and the window source
+is ``x[n, c, p] = f(...)[n, c, p]``, evaluated where an element is read (once per element in the
+padded copy, per tap otherwise).  Padding is the reduction's identity and never goes through
+``f``, exactly as the unfused pool pads the stored ``f`` output.
+
 Polly policy ``off``: at the pipeline position polyml runs Polly, these nests (unrolled taps,
 padded copies) are dismissed as SCoPs, so ``polly``/``tile``/``off`` measured the same
 (MaxPool 3x3/2 on 1x64x112x112: 0.39 ms each; AveragePool 3x3 on 1x192x28x28: 0.115 ms).
@@ -29,6 +35,7 @@ import llvmlite.ir as ir
 import numpy as np
 from polyml.kernels import Kernel, Operand, register
 from polyml.kernels.conv import Window, affine, make_window, nest, padded_source, view
+from polyml.kernels.fused import evaluate_chain
 
 from polyml.codegen.builder import REASSOC, Buffer, KernelBuilder
 from polyml.errors import GraphError, ShapeError
@@ -105,6 +112,30 @@ def _maxnum(k: KernelBuilder, a: ir.Value, b: ir.Value) -> ir.Value:
     return k.b.call(fn, [a, b])
 
 
+class ChainSource:
+    """A pool's input computed by a fused elementwise prologue wherever it is read (duck-types
+    the ``shape``/``rank``/``type``/``load`` part of :class:`Buffer` that windows use)."""
+
+    def __init__(self, k: KernelBuilder, chain: list[Node], buffers: dict[str, Buffer], ttype: TensorType):
+        self.k, self.chain, self.buffers, self.type, self.name = k, chain, buffers, ttype, "prologue"
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return self.type.shape
+
+    @property
+    def rank(self) -> int:
+        return len(self.type.shape)
+
+    def load(self, idx: list) -> ir.Value:
+        return evaluate_chain(self.k, self.chain, {}, self.buffers, list(idx))
+
+
+def pool_input_type(node: Node, ins: list[Operand | None]) -> TensorType:
+    """The type of the window source: the stored input, or the fused prologue's result."""
+    return node.attrs.get("prologue_type") or ins[0].type
+
+
 class _Pool(Kernel):
     """Shared lowering of MaxPool and AveragePool."""
 
@@ -122,11 +153,15 @@ class _Pool(Kernel):
         return [TensorType((*x.shape[:2], *win.out), x.dtype)]
 
     def temps(self, node: Node, ins: list[Operand | None], outs: list[TensorType]) -> list[TensorType]:
-        win = pool_window(node, ins[0].type)
-        return [TensorType(win.padded_shape(ins[0].type.shape[:2]))] if win.needs_copy() else []
+        x = pool_input_type(node, ins)
+        win = pool_window(node, x)
+        return [TensorType(win.padded_shape(x.shape[:2]))] if win.needs_copy() else []
 
     def lower(self, k: KernelBuilder) -> None:
         x, y = k.inputs[0], k.outputs[0]
+        if k.node.attrs.get("prologue"):
+            x = ChainSource(k, k.node.attrs["prologue"], {b.name: b for b in k.inputs if b is not None},
+                            k.node.attrs["prologue_type"])
         win = pool_window(k.node, x.type)
         identity = NEG_INF if self.is_max else 0.0
         src, shift = padded_source(k, x, win, k.temps[0] if k.temps else None, identity)

@@ -18,6 +18,24 @@ What fuses (the groups are decided on the networkx graph, in topological order):
 * a Conv followed by such a chain (bias, activation, residual add) runs the chain as an
   *epilogue* on its output block, in the conv's function.
 
+* an elementwise chain whose only reader is a MaxPool/AveragePool becomes the pool's
+  *prologue*: the pool evaluates the chain on each window element it loads (in the padded copy
+  when the pool pads, per tap otherwise).  Legality: the pool statement reads
+  ``T[n, c, o*s + j*d - pb]`` only at in-range positions; padded positions read the
+  reduction's identity (``-inf``/``0``) which the unfused pool also never passes through the
+  chain, so replacing each in-range read by ``f(x)`` at the same index computes the same value
+  (``count_include_pad`` counts pads as 0 either way).  It holds for every chain and both pools;
+  the alternative, moving a monotone activation after a MaxPool (``max∘relu = relu∘max``), only
+  holds for MaxPool with non-decreasing chains, so the prologue was chosen.  Cost: the
+  intermediate ``T`` (one write + one read per element) disappears; the chain is recomputed
+  ``taps/stride²`` times per element when the pool does not pad (2.25x for 3x3/2, a handful of
+  flops for ReLU/affine chains), once per element when it pads.
+
+After fusion every remaining producer→consumer edge between two nests is reported with what
+blocked it: a window or reduction read (the isl check of the window access, which fused on the
+output loop reads elements not yet written), several consumers, no fused form; Concat inputs
+not stored in place are reported by the lowering (:func:`polyml.codegen.lower.plan_concat_in_place`).
+
 A candidate is refused, and the refusal reported, when the intermediate has other consumers
 or is a graph output, when the consumer reads it through a non-identity access (isl finds the
 violated dependence), or when the producer is an op with no fusable form.
@@ -64,6 +82,8 @@ class FuseOperators:
         if self.fold_into_conv:
             _fold_affine_into_conv(g, report)
         _fuse_chains(g, report)
+        _fuse_pool_prologues(g, report)
+        _report_edges(g, report)
         g.prune()
         return g, report
 
@@ -285,3 +305,125 @@ def _group_node(g: Graph, grp: list[Node], report: FusionReport) -> Node:
         host.outputs = [final]
         return host
     return Node(f"fused_{final}", ELEMENTWISE_OP, external, [final], {"body": chain}, source=grp[-1].label, opset=head.opset)
+
+
+# -- pooling prologues and the remaining edges ---------------------------------------------------
+
+POOLS = frozenset(["MaxPool", "AveragePool"])
+#: consumers whose access is a sliding window over the spatial dims (isl-checked reason)
+WINDOW_READERS = frozenset(["Conv", "ConvTranspose", "MaxPool", "AveragePool", "LpPool", "LRN"])
+#: consumers that reduce over whole rows/planes of their input
+REDUCTION_READERS = frozenset(["Gemm", "MatMul", "GlobalAveragePool", "GlobalMaxPool", "Softmax", "LogSoftmax",
+                               "ReduceMean", "ReduceSum", "ReduceMax", "ReduceMin", "InstanceNormalization",
+                               "LayerNormalization"])
+#: ops that emit no nest (storage aliases); edges through them are followed
+VIEWS = frozenset(["Reshape", "Flatten", "Squeeze", "Unsqueeze", "Identity", "Dropout"])
+
+
+def _fuse_pool_prologues(g: Graph, report: FusionReport) -> None:
+    """An elementwise nest (a fused chain or a single elementwise op) whose only reader is a
+    MaxPool/AveragePool runs as the pool's prologue (module docstring: legality and cost)."""
+    consumers = g.consumers()
+    producers = g.producer_map()
+    removed: set[str] = set()
+    for n in g.nodes:
+        if n.op_type not in POOLS or not n.inputs or "prologue" in n.attrs:
+            continue
+        t = n.inputs[0]
+        p = producers.get(t)
+        if p is None or p.name in removed:
+            continue
+        if p.op_type == ELEMENTWISE_OP:
+            chain = list(p.attrs["body"])
+        elif p.op_type in ELEMENTWISE and len(p.outputs) == 1 and g.types[t].dtype == "float32":
+            chain = [copy.copy(p)]
+        else:
+            continue  # reported by _report_edges (window read)
+        if t in g.outputs or len(consumers.get(t, [])) != 1:
+            report.blocked.append({"producer": p.label, "consumer": n.label,
+                                   "reason": f"{t!r} is needed elsewhere ({len(consumers.get(t, []))} consumers"
+                                   + (", graph output" if t in g.outputs else "") + "): no prologue"})
+            continue
+        n.attrs = {**n.attrs, "prologue": chain, "prologue_type": g.types[t]}
+        n.inputs = [x for x in p.inputs if x] + list(n.inputs[1:])
+        removed.add(p.name)
+        ops = [c.source or c.label for c in chain]
+        for grp in report.groups:  # the chain's own group entry becomes the pool's
+            if grp["kind"] == "elementwise" and grp["nest"] in (p.label, p.source):
+                report.groups.remove(grp)
+                break
+        report.groups.append({"nest": n.label, "ops": [*ops, n.source or n.label], "kind": "pool-prologue"})
+    g.nodes = [n for n in g.nodes if n.name not in removed]
+
+
+def _window_violation(size: int, kernel: int, stride: int, pad: int) -> str:
+    """isl: fuse producer ``P[i]`` (writes ``T[i]``, ``0 ≤ i < size``) with a window reader
+    ``C[o, j]`` (reads ``T[o*stride + j - pad]``) on one loop ``P[i] -> [i, 0]``,
+    ``C[o, j] -> [o, 1, j]``; returns the first violated dependence ('' when legal)."""
+    from polyml.scop.legality import violations
+
+    out = max((size + 2 * pad - kernel) // max(stride, 1) + 1, 1)
+    c_dom = f"0 <= o < {out} and 0 <= j < {kernel} and 0 <= o*{stride} + j - {pad} < {size}"
+
+    def scop(fused: bool) -> dict:
+        ps, cs = ("[i, 0, 0]", "[o, 1, j]") if fused else ("[0, i, 0]", "[1, o, j]")
+        return {"context": "{  :  }", "name": "window-candidate", "arrays": [], "statements": [
+            {"name": "P", "domain": f"{{ P[i] : 0 <= i < {size} }}", "schedule": f"{{ P[i] -> {ps} }}",
+             "accesses": [{"kind": "write", "relation": "{ P[i] -> MemRef_T[i] }"}]},
+            {"name": "C", "domain": f"{{ C[o, j] : {c_dom} }}", "schedule": f"{{ C[o, j] -> {cs} }}",
+             "accesses": [{"kind": "read", "relation": f"{{ C[o, j] -> MemRef_T[o*{stride} + j - {pad}] }}"}]},
+        ]}
+
+    bad = violations(scop(False), scop(True))
+    return str(bad[0]) if bad else ""
+
+
+def _edge_reason(g: Graph, p: Node, c: Node, t: str, consumers: dict[str, list]) -> str:
+    """Why the nests of ``p`` and ``c`` (``c`` reads ``t``) stay separate."""
+    if c.op_type in WINDOW_READERS and len(g.types[t].shape) >= 3:
+        ks = c.attrs.get("kernel_shape")
+        if not ks and c.op_type.startswith("Conv") and len(c.inputs) > 1 and c.inputs[1] in g.types:
+            ks = g.types[c.inputs[1]].shape[2:]
+        kernel = int(ks[-1]) if ks else 1
+        stride = int((c.attrs.get("strides") or [1])[-1])
+        pads = c.attrs.get("pads") or []
+        pad = int(pads[len(pads) // 2 - 1]) if pads else 0
+        size = g.types[t].shape[-1]
+        bad = _window_violation(size, kernel, stride, pad)
+        what = (f"{c.op_type} reads {t!r} through a {kernel}-tap window (stride {stride}, pad {pad})"
+                + (" and sums over all its channels" if c.op_type.startswith("Conv") else ""))
+        return f"{what}; fused on one loop: {bad}" if bad else f"{what}: every output needs a whole channel range, " \
+            "so the producer's nest must finish first (reduction over the input channel)"
+    if c.op_type in REDUCTION_READERS:
+        return f"{c.op_type} reduces over whole rows/planes of {t!r}: no output element can be computed before its producer's nest ends"
+    n_cons = len(consumers.get(t, []))
+    if n_cons > 1 or t in g.outputs:
+        return f"{t!r} is needed elsewhere ({n_cons} consumers" + (", graph output" if t in g.outputs else "") + ")"
+    if p.op_type == "Concat":
+        return (f"Concat only places its inputs (in place, or copies): {c.op_type} reads the assembled {t!r}, "
+                "and moving it into each input's producer would split it by slice")
+    return f"{p.op_type} → {c.op_type}: no fused form for this pair"
+
+
+def _report_edges(g: Graph, report: FusionReport) -> None:
+    """Give every producer→consumer edge between two separate nests a ``blocked`` entry, unless
+    one was already recorded (Concat consumers: the lowering reports them)."""
+    producers = g.producer_map()
+    consumers = g.consumers()
+    seen = {(b["producer"], b["consumer"]) for b in report.blocked}
+    root: dict[str, str] = {}
+    for n in g.nodes:
+        if n.op_type in VIEWS and n.inputs:
+            root[n.outputs[0]] = n.inputs[0]
+    for c in g.nodes:
+        if c.op_type in VIEWS or c.op_type == "Concat":
+            continue
+        for t in dict.fromkeys(x for x in c.inputs if x):
+            src = t
+            while src in root:
+                src = root[src]
+            p = producers.get(src)
+            if p is None or p.op_type in VIEWS or (p.label, c.label) in seen:
+                continue
+            seen.add((p.label, c.label))
+            report.blocked.append({"producer": p.label, "consumer": c.label, "reason": _edge_reason(g, p, c, src, consumers)})

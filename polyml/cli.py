@@ -37,6 +37,8 @@ def _add_build_options(p: argparse.ArgumentParser, outputs_flag: str = "--output
     p.add_argument("--fuse", action=argparse.BooleanOptionalAction, default=True,
                    help="operator fusion (default on; --no-fuse keeps one nest per op)")
     p.add_argument("--threads", type=int, default=0, help="OpenMP threads (default: all cores)")
+    p.add_argument("--tile-sizes", default="auto", metavar="auto|off|l1=48K,l2=2M,conv=1M",
+                   help="cache tiling of the conv nests: host cache sizes (auto), off, or explicit sizes")
     p.add_argument("--input-shape", action="append", default=[], metavar="NAME=1x3x224x224",
                    help="fix the shape of a graph input with symbolic dimensions (repeatable)")
     p.add_argument(outputs_flag, dest="output_names", default=None,
@@ -53,7 +55,7 @@ def _compile(args: argparse.Namespace, model: Path, outdir: Path, emit: list[str
     shapes = dict(parse_shape(s) for s in args.input_shape)
     outputs = args.output_names.split(",") if args.output_names else None
     return polyml_compile(model, outdir, input_shapes=shapes, outputs=outputs, emit=emit, polly=args.polly, fuse=args.fuse,
-                          threads=args.threads, cache=getattr(args, "cache", None),
+                          threads=args.threads, tile_sizes=getattr(args, "tile_sizes", "auto"), cache=getattr(args, "cache", None),
                           import_jscop=str(Path(args.import_jscop).resolve()) if getattr(args, "import_jscop", "") else "")
 
 
@@ -64,6 +66,10 @@ def cmd_build(args: argparse.Namespace) -> int:
         return cmd_rebuild(args, console)
     if not args.model or not args.output:
         raise PolymlError("polyml build: give MODEL and -o DIR (or --from-manifest MANIFEST)")
+    if getattr(args, "target", "cpu") == "cuda":
+        from polyml.commands.gpu_map import build_cuda
+
+        return build_cuda(args)
     model = Path(args.model)
     t0 = time.perf_counter()
     compiled = _compile(args, model, Path(args.output), args.emit)
@@ -95,8 +101,10 @@ def print_fusion(fusion: dict | None, verbose: bool = False, limit: int = 12) ->
     if not fusion:
         return
     groups, blocked, folded = fusion["groups"], fusion["blocked"], fusion["folded"]
-    fused_ops = sum(len(g["ops"]) for g in groups)
-    console.print(f"fusion: {fused_ops} ops in {len(groups)} fused nests, {len(folded)} folded into conv weights, "
+    nests = [g for g in groups if g["kind"] != "concat-in-place"]
+    fused_ops = sum(len(g["ops"]) for g in nests)
+    console.print(f"fusion: {fused_ops} ops in {len(nests)} fused nests, {len(groups) - len(nests)} concat inputs stored in "
+                  f"place, {len(folded)} folded into conv weights, "
                   f"{len(blocked)} candidates refused (all in manifest.json)")
     shown = groups if verbose else groups[:limit]
     for g in shown:
@@ -118,13 +126,13 @@ def _load_npz(path: str) -> dict[str, np.ndarray]:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from polyml.runtime.model import CompiledModel
-
     target = Path(args.model)
     feeds = _load_npz(args.inputs)
     tmp = None
     if target.is_dir():
-        compiled = CompiledModel(target)
+        from polyml.gpu.runtime import load_artifact
+
+        compiled = load_artifact(target)  # a CUDA build runs on the device (or says there is none)
     else:
         tmp = tempfile.TemporaryDirectory(prefix="polyml-run-")
         compiled = _compile(args, target, Path(tmp.name), [])
@@ -172,6 +180,9 @@ def _build_parser(p: argparse.ArgumentParser) -> None:
     p.add_argument("-v", "--verbose", action="store_true", help="print the whole fusion report")
     p.add_argument("--emit", action="append", default=[], choices=["ll", "jscop"],
                    help="also write the IR before and after opt (ll), Polly's JSCoP of every SCoP into jscop/ (jscop)")
+    p.add_argument("--target", choices=["cpu", "cuda"], default="cpu",
+                   help="cpu: a shared object for this host (default); cuda: PTX kernels (docs/GPU.md)")
+    p.add_argument("--sm", default="sm_90", help="with --target cuda: the GPU architecture of the PTX (default sm_90)")
     _add_build_options(p)
 
 

@@ -6,6 +6,11 @@ warm-up, all in this process and with the same thread count; the ratio column is
 polyml-with-Polly / onnxruntime. Prints a markdown table (for docs/PERFORMANCE.md).
 
     python scripts/bench_cnns.py [--models resnet50,vgg19] [--repeat 10] [--threads 2] [--json out.json]
+
+``--fuse`` compares fused and unfused builds (both with Polly) instead: latency, loop nests,
+intermediate bytes, and peak memory as the resident-set growth (``ru_maxrss``) of a fresh
+subprocess that loads the model and runs it once (polyml artifact / onnxruntime session):
+``VmHWM`` after minus ``VmRSS`` before, the peak reset through ``/proc/self/clear_refs``.
 """
 
 from __future__ import annotations
@@ -14,6 +19,7 @@ import argparse
 import json
 import os
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -74,6 +80,101 @@ def bench_model(name: str, repeat: int, threads: int, work: Path) -> dict:
     }
 
 
+_RSS = """
+import sys, numpy as np
+kind, path, feeds_path = sys.argv[1:4]
+feeds = dict(np.load(feeds_path))
+if kind == "ort":
+    import onnxruntime as ort
+else:
+    import polyml
+def status(key):
+    return next(int(l.split()[1]) for l in open("/proc/self/status") if l.startswith(key + ":"))
+open("/proc/self/clear_refs", "w").write("5")  # reset the peak (VmHWM) to the current RSS
+before = status("VmRSS")
+if kind == "ort":
+    so = ort.SessionOptions(); so.intra_op_num_threads = int(sys.argv[4])
+    s = ort.InferenceSession(path, so, providers=["CPUExecutionProvider"]); s.run(None, feeds)
+else:
+    polyml.load(path).run(feeds)
+print(status("VmHWM") - before)
+"""
+
+
+def rss_delta_mb(kind: str, path: Path, feeds_path: Path, threads: int) -> float:
+    """Peak resident-set growth (MB) of loading ``path`` and running it once, in a fresh process."""
+    out = subprocess.run([sys.executable, "-c", _RSS, kind, str(path), str(feeds_path), str(threads)],
+                         capture_output=True, text=True, check=True).stdout
+    return int(out.strip().splitlines()[-1]) / 1024
+
+
+def bench_fusion(name: str, repeat: int, threads: int, work: Path) -> dict:
+    """Fused vs unfused polyml (Polly on) vs onnxruntime: latency medians, memory."""
+    import numpy as np
+    import onnxruntime as ort
+
+    model = expose_logits(randomize_weights(onnx.load(str(light_model_path(name))), seed=0))
+    path = work / f"{name}.onnx"
+    onnx.save(model, str(path))
+    feeds = random_inputs(model, seed=1)
+    feeds_path = work / f"{name}.in.npz"
+    np.savez(feeds_path, **feeds)
+    runners = {label: polyml.compile(path, work / f"{name}.{label}", fuse=fuse, threads=threads, cache=False)
+               for label, fuse in (("fused", True), ("unfused", False))}
+    so = ort.SessionOptions()
+    so.intra_op_num_threads = threads
+    sess = ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"])
+    names = [o.name for o in sess.get_outputs()]
+    ref = dict(zip(names, sess.run(names, feeds)))
+    errors = {k: max(rel_error(r.run(feeds)[n], ref[n]) for n in names) for k, r in runners.items()}
+    # fused and unfused alternate; onnxruntime is timed in its own block afterwards: its pool
+    # threads keep spinning after a run and slowed whichever polyml build came next (10-40 %)
+    calls = {k: (lambda r=r: r.run(feeds)) for k, r in runners.items()}
+    for f in calls.values():
+        f()
+    times: dict[str, list[float]] = {k: [] for k in calls}
+    for _ in range(repeat):
+        for k, f in calls.items():
+            t = time.perf_counter()
+            f()
+            times[k].append(time.perf_counter() - t)
+    sess.run(names, feeds)
+    times["onnxruntime"] = []
+    for _ in range(repeat):
+        t = time.perf_counter()
+        sess.run(names, feeds)
+        times["onnxruntime"].append(time.perf_counter() - t)
+    rss = {k: rss_delta_mb("polyml", work / f"{name}.{k}", feeds_path, threads) for k in runners}
+    rss["onnxruntime"] = rss_delta_mb("ort", path, feeds_path, threads)
+    man = {k: r.manifest for k, r in runners.items()}
+    return {
+        "model": name,
+        "median_ms": {k: statistics.median(v) * 1e3 for k, v in times.items()},
+        "loop_nests": {k: m["loop_nests"] for k, m in man.items()},
+        "intermediate_mb": {k: m["intermediate_bytes"] / 1e6 for k, m in man.items()},
+        "arena_weights_mb": {k: (m["arena_bytes"] + m["weights_bytes"]) / 1e6 for k, m in man.items()},
+        "rss_mb": rss,
+        "rel_error": errors,
+    }
+
+
+def markdown_fusion(rows: list[dict]) -> str:
+    lines = [
+        "| model | fused ms | unfused ms | ORT ms | fused/unfused | loop nests (fused / unfused) "
+        "| intermediate MB (fused / unfused) | arena+weights MB (fused / unfused) | peak RSS MB (fused / unfused / ORT) "
+        "| max rel err (fused / unfused) |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for r in rows:
+        m, n, i, a, rs, e = (r[k] for k in ("median_ms", "loop_nests", "intermediate_mb", "arena_weights_mb", "rss_mb", "rel_error"))
+        lines.append(
+            f"| {r['model']} | {m['fused']:.1f} | {m['unfused']:.1f} | {m['onnxruntime']:.1f} | {m['fused'] / m['unfused']:.2f} "
+            f"| {n['fused']} / {n['unfused']} | {i['fused']:.1f} / {i['unfused']:.1f} | {a['fused']:.1f} / {a['unfused']:.1f} "
+            f"| {rs['fused']:.0f} / {rs['unfused']:.0f} / {rs['onnxruntime']:.0f} | {e['fused']:.1e} / {e['unfused']:.1e} |"
+        )
+    return "\n".join(lines)
+
+
 def markdown(rows: list[dict]) -> str:
     lines = [
         "| model | GFLOP | compile s (Polly / no Polly) | polyml Polly ms | polyml no-Polly ms | onnxruntime ms "
@@ -96,8 +197,19 @@ def main() -> int:
     ap.add_argument("--repeat", type=int, default=10)
     ap.add_argument("--threads", type=int, default=os.cpu_count() or 1)
     ap.add_argument("--json", default=None)
+    ap.add_argument("--fuse", action="store_true", help="fused vs unfused vs onnxruntime, with memory")
     args = ap.parse_args()
     rows = []
+    if args.fuse:
+        with tempfile.TemporaryDirectory(prefix="polyml-bench-") as tmp:
+            for name in args.models.split(","):
+                rows.append(bench_fusion(name, args.repeat, args.threads, Path(tmp)))
+                print(f"{name}: " + ", ".join(f"{k} {v:.1f} ms" for k, v in rows[-1]["median_ms"].items()), file=sys.stderr, flush=True)
+                if args.json:
+                    Path(args.json).write_text(json.dumps(rows, indent=1))
+        print(f"threads={args.threads} repeat={args.repeat} (medians of alternating runs)\n")
+        print(markdown_fusion(rows))
+        return 0
     with tempfile.TemporaryDirectory(prefix="polyml-bench-") as tmp:
         for name in args.models.split(","):
             r = bench_model(name, args.repeat, args.threads, Path(tmp))

@@ -124,6 +124,8 @@ class KernelBuilder:
         self._par_count = 0
         #: top-level loop nests emitted so far (reported as the manifest's ``loop_nests``)
         self.nests = 0
+        #: cache budget (bytes) of a conv row tile's source slice, 0: untiled (codegen.tiling)
+        self.tile_bytes = 0
         entry = fn.append_basic_block(f"{self.prefix}.entry")
         self.b = ir.IRBuilder(entry)
 

@@ -7,6 +7,19 @@ flags).  The entry function ``polyml_main(i8** table)`` calls the op functions i
 order with pointers read from a slot table the runtime fills: graph inputs and outputs, weights
 (one 64-byte aligned blob) and intermediates (one arena, offsets from a liveness-based
 first-fit plan).  View ops (Reshape, Flatten, Squeeze, ...) emit no code and share memory.
+
+Concat in place (``in_place_concat``, on with ``--fuse``).  When every dimension before a
+Concat's axis has size 1, input ``j`` is the contiguous byte range ``[off_j, off_j + |in_j|)`` of
+the output: in polyhedral terms the copy statement ``out[.., off_j + i, ..] = in_j[.., i, ..]``
+is an identity on memory once ``in_j`` is *stored* at ``out + off_j``.  An eligible input's
+slot becomes a ``view`` of the output's slot (parent slot + byte offset), its producer writes
+straight into the slice, and the Concat emits no copy for it (nothing at all when every input is
+in place).  Legal because nothing else writes the slice while the input is live: the slices of
+one Concat are disjoint, the parent's storage is live from its first child's producer to its
+own last reader (a child's liveness extends its root's), and an input placed in one Concat only
+has one home.  Chains (DenseNet's ``concat_k = Concat(concat_{k-1}, new)``) nest: the earlier
+concat lives in the prefix of the later one's buffer.  Eligible: produced by a lowered (non-view)
+node or by an in-place Concat; not a graph input, constant or output; in at most one Concat.
 """
 
 from __future__ import annotations
@@ -30,13 +43,17 @@ ENTRY = "polyml_main"
 class Slot:
     """One entry of the runtime's pointer table."""
 
-    kind: str  # "input" | "output" | "weight" | "arena"
+    kind: str  # "input" | "output" | "weight" | "arena" | "view"
     name: str
     nbytes: int
-    offset: int = 0  # into the weight blob or the arena
+    offset: int = 0  # into the weight blob or the arena; a view: bytes into its parent
+    parent: int = -1  # a view: the slot it lies in (always an earlier slot)
 
     def to_json(self) -> dict:
-        return {"kind": self.kind, "name": self.name, "nbytes": self.nbytes, "offset": self.offset}
+        d = {"kind": self.kind, "name": self.name, "nbytes": self.nbytes, "offset": self.offset}
+        if self.kind == "view":
+            d["parent"] = self.parent
+        return d
 
 
 @dataclass
@@ -64,6 +81,9 @@ class LoweredModel:
     intermediate_bytes: int = 0
     loop_nests: int = 0
     notes: list[str] = field(default_factory=list)
+    #: fusion-report entries of the lowering: Concat inputs stored in place / refused
+    concat_in_place: list[dict] = field(default_factory=list)
+    concat_blocked: list[dict] = field(default_factory=list)
 
 
 def _align(n: int) -> int:
@@ -97,11 +117,78 @@ class _Copy(Kernel):
             dst.store([e], src.load([e]))
 
 
-def lower_graph(graph: Graph, target: HostTarget, chunks: int = 1, parallel: bool = False) -> LoweredModel:
+def _concat_axis(node: Node, rank: int) -> int:
+    axis = int(node.attrs.get("axis", 0))
+    return axis + rank if axis < 0 else axis
+
+
+def plan_concat_in_place(graph: Graph, kernels: dict[str, Kernel]) -> tuple[dict[str, tuple[str, int]], list[dict], list[dict]]:
+    """Which Concat inputs live inside their Concat's output: ``{input: (concat output, byte
+    offset)}``, plus the report entries (placed, refused with the reason)."""
+    types = graph.types
+    producers = graph.producer_map()
+    uses: dict[str, int] = {}
+    for n in graph.nodes:
+        if n.op_type == "Concat":
+            for t in n.inputs:
+                if t:
+                    uses[t] = uses.get(t, 0) + 1
+    outputs = set(graph.outputs)
+    view_of: dict[str, tuple[str, int]] = {}
+    placed: list[dict] = []
+    blocked: list[dict] = []
+    for n in graph.nodes:
+        if n.op_type != "Concat" or len(n.outputs) != 1:
+            continue
+        out = n.outputs[0]
+        shape = types[out].shape
+        axis = _concat_axis(n, len(shape))
+        label = n.label
+
+        def refuse(t: str, why: str, label: str = label) -> None:
+            p = producers.get(t)
+            blocked.append({"producer": p.label if p is not None else t, "consumer": label,
+                            "reason": f"concat input {t!r} copied, not in place: {why}"})
+
+        if any(d != 1 for d in shape[:axis]):
+            for t in n.inputs:
+                if t:
+                    refuse(t, f"dims {list(shape[:axis])} before axis {axis} are not all 1, so the slice of the output is strided")
+            continue
+        inner = types[out].nbytes // max(shape[axis], 1) if shape[axis] else 0
+        offset = 0
+        for t in n.inputs:
+            if not t:
+                continue
+            here = offset
+            offset += types[t].shape[axis] * inner
+            p = producers.get(t)
+            if t in graph.inputs or t in graph.constants:
+                refuse(t, "a graph input or constant has storage of its own")
+            elif t in outputs:
+                refuse(t, "a graph output is written to the caller's array")
+            elif uses.get(t, 0) != 1:
+                refuse(t, f"read by {uses[t]} Concats (one home only)")
+            elif p is None or kernels[p.op_type].alias:
+                refuse(t, "a view of another tensor's storage")
+            elif types[t].nbytes == 0:
+                continue
+            else:
+                view_of[t] = (out, here)
+                placed.append({"nest": label, "ops": [p.label, label], "kind": "concat-in-place",
+                               "tensor": t, "byte_offset": here})
+    return view_of, placed, blocked
+
+
+def lower_graph(graph: Graph, target: HostTarget, chunks: int = 1, parallel: bool = False,
+                in_place_concat: bool = False, tile_bytes: int = 0) -> LoweredModel:
     """Lower ``graph``; op functions of one policy are dealt round-robin into ``chunks`` modules
     so that ``opt`` can work on them in parallel. ``parallel`` lets kernels split their outer
-    loops over OpenMP threads (:meth:`KernelBuilder.parallel_loop`)."""
+    loops over OpenMP threads (:meth:`KernelBuilder.parallel_loop`). ``in_place_concat`` stores
+    eligible Concat inputs in slices of the output (module docstring); ``tile_bytes`` is the
+    cache budget of tiled nests (:mod:`polyml.codegen.tiling`, 0: untiled)."""
     kernels = registry()
+    view_of, concat_placed, concat_blocked = plan_concat_in_place(graph, kernels) if in_place_concat else ({}, [], [])
     types = graph.types
     modules: dict[str, ir.Module] = {}
     slots: list[Slot] = []
@@ -141,15 +228,27 @@ def lower_graph(graph: Graph, target: HostTarget, chunks: int = 1, parallel: boo
 
     def arena_slot(t: str, nbytes: int) -> int:
         if t not in slot_of:
-            slot_of[t] = len(slots)
-            slots.append(Slot("arena", t, nbytes))
+            if t in view_of:  # a slice of the Concat output's storage (created first)
+                parent, offset = view_of[t]
+                ps = arena_slot(parent, types[parent].nbytes)
+                slot_of[t] = len(slots)
+                slots.append(Slot("view", t, nbytes, offset, parent=ps))
+            else:
+                slot_of[t] = len(slots)
+                slots.append(Slot("arena", t, nbytes))
         return slot_of[t]
+
+    def root_slot(slot: int) -> int:
+        while slots[slot].kind == "view":
+            slot = slots[slot].parent
+        return slot
 
     steps: list[Step] = []
     nests = 0
     live_ranges: dict[int, list[int]] = {}  # arena slot -> [first step, last step]
 
     def touch(slot: int) -> None:
+        slot = root_slot(slot)  # a view keeps its whole parent alive
         if slots[slot].kind == "arena":
             r = live_ranges.setdefault(slot, [len(steps), len(steps)])
             r[1] = len(steps)
@@ -157,13 +256,14 @@ def lower_graph(graph: Graph, target: HostTarget, chunks: int = 1, parallel: boo
     def emit(node: Node, kernel: Kernel, in_names: list[str], in_types: list[TensorType | None], out_names: list[str], out_types: list[TensorType]) -> None:
         ops = [Operand(t, tt, graph.constants.get(t)) if t and tt else None for t, tt in zip(in_names, in_types)]
         temp_types = kernel.temps(node, ops, out_types)
+        skip = {i for i, inplace in enumerate(node.attrs.get("in_place", [])) if inplace}  # Concat: already there
         key = f"{kernel.polly}.{len(steps) % chunks}"
         module = modules.get(key)
         if module is None:
             module = modules[key] = new_module(f"polyml.{key}", target)
         params: list[tuple[int, TensorType, str]] = []  # (slot, type-as-seen, role)
         for i, t in enumerate(in_names):
-            if not t or i in kernel.static_inputs:
+            if not t or i in kernel.static_inputs or i in skip:
                 continue
             r = storage(t)
             if r in graph.constants:
@@ -190,9 +290,10 @@ def lower_graph(graph: Graph, target: HostTarget, chunks: int = 1, parallel: boo
             a.name = role
         kb = KernelBuilder(module, fn, node, [], [], [], [op.value if op else None for op in ops],
                            [op.type if op else None for op in ops], parallel=parallel)
+        kb.tile_bytes = tile_bytes
         args = iter(fn.args)
         for i, t in enumerate(in_names):
-            if not t or i in kernel.static_inputs:
+            if not t or i in kernel.static_inputs or i in skip:
                 kb.inputs.append(None)
             else:
                 kb.inputs.append(Buffer(kb, next(args), in_types[i], t))
@@ -216,6 +317,13 @@ def lower_graph(graph: Graph, target: HostTarget, chunks: int = 1, parallel: boo
             root[node.outputs[0]] = node.inputs[0]  # a graph output among these is copied below
             continue
         in_types = [types[t] if t else None for t in node.inputs]
+        if node.op_type == "Concat" and any(t in view_of for t in node.inputs):
+            if all(not t or t in view_of or types[t].nbytes == 0 for t in node.inputs):
+                arena_slot(node.outputs[0], types[node.outputs[0]].nbytes)  # every input already in place
+                continue
+            node = Node(node.name, node.op_type, list(node.inputs), list(node.outputs),
+                        {**node.attrs, "in_place": [bool(t) and t in view_of for t in node.inputs]},
+                        source=node.source, opset=node.opset)
         emit(node, kernel, node.inputs, in_types, node.outputs, [types[t] for t in node.outputs])
     for name in graph.outputs:
         if name in outputs_direct:
@@ -243,6 +351,8 @@ def lower_graph(graph: Graph, target: HostTarget, chunks: int = 1, parallel: boo
         outputs={n: types[n] for n in graph.outputs},
         intermediate_bytes=inter,
         loop_nests=nests,
+        concat_in_place=concat_placed,
+        concat_blocked=concat_blocked,
     )
 
 

@@ -122,8 +122,15 @@ def build_artifact(
         t0 = time.perf_counter()
         graph, fusion = FuseOperators().apply(graph)
         seconds["fuse"] = time.perf_counter() - t0
+    from polyml.codegen.tiling import resolve as resolve_tiles
+
+    tiles = resolve_tiles(options.tile_sizes)
     t0 = time.perf_counter()
-    lowered = lower_graph(graph, target, chunks=chunks, parallel=options.parallel and options.threads != 1)
+    lowered = lower_graph(graph, target, chunks=chunks, parallel=options.parallel and options.threads != 1,
+                          in_place_concat=options.fuse, tile_bytes=tiles.conv_bytes)
+    if fusion is not None:  # the lowering decides Concat placement; its entries join the report
+        fusion.groups.extend(lowered.concat_in_place)
+        fusion.blocked.extend(lowered.concat_blocked)
     seconds["lower"] = time.perf_counter() - t0
 
     with tempfile.TemporaryDirectory(prefix="polyml-") as tmp:
@@ -147,7 +154,7 @@ def build_artifact(
             src, imported = sources[name], scop_imports.functions.get(name, []) if scop_imports else []
             if imported:  # Polly imports the edited schedules first; the policy pipeline keeps them
                 src = work / f"{name}.scop.ll"
-                cmd = [tool("opt"), *flags.scop_import_flags(str(scop_imports.stage), imported), sources[name].name,
+                cmd = [tool("opt"), *flags.scop_import_flags(str(scop_imports.stage.resolve()), imported), sources[name].name,
                        "-S", "-o", str(src)]
                 run_tool(cmd, out, [sources[name]], f"JSCoP import ({name})", cwd=work)
             cmd = [tool("opt"), *flags.opt_flags(policy, options), *flags.ignore_functions_flags(imported), src.name,
@@ -179,10 +186,13 @@ def build_artifact(
             for name, path in sources.items():
                 shutil.copy(path, out / f"{name}.ll")
                 shutil.copy(work / f"{name}.opt.ll", out / f"{name}.opt.ll")
+                if (work / f"{name}.scop.ll").exists():  # after the JSCoP import, before the policy opt
+                    shutil.copy(work / f"{name}.scop.ll", out / f"{name}.scop.ll")
 
     (out / WEIGHTS).write_bytes(lowered.weights)
     manifest = _manifest(graph, lowered, options, model_sha256, seconds, out)
     manifest["fusion"] = fusion.to_json() if fusion is not None else None
+    manifest["tiling"] = tiles.to_json()
     build_inputs = dict(source or {})
     manifest["model"]["path"] = build_inputs.pop("path", "")
     manifest["build"] = {"chunks": chunks, "emit": sorted(emit), **build_inputs}
