@@ -20,8 +20,6 @@ def _arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--jscop-dir", metavar="DIR", default="", help="also write every SCoP's JSCoP (and .new: what was imported)")
     p.add_argument("-O", dest="opt_level", type=int, choices=[0, 1, 2, 3], default=0,
                    help="run LLVM's default<On> pipeline after Polly's code generation (default 0: none)")
-    p.add_argument("--polly-postopts", action="store_true",
-                   help="keep the imported schedule but apply Polly's post-scheduling tiling/GEMM pattern (-polly-reschedule=0)")
     p.add_argument("--opt-arg", action="append", default=[], metavar="ARG",
                    help="extra opt-19 argument for the import step, e.g. --opt-arg=-polly-codegen-emit-rtc-print")
 
@@ -46,9 +44,8 @@ def cmd_opt(args: argparse.Namespace) -> int:
         return passes.run(pipeline, start if start is not None else scop.jscop)
 
     with tempfile.TemporaryDirectory(prefix="polyml-opt-") as tmp:
-        found, new = exchange.transform(src, Path(args.output).resolve(), rewrite, Path(tmp), postopts=args.polly_postopts,
-                                        opt_level=args.opt_level, keep_jscop=Path(args.jscop_dir) if args.jscop_dir else None,
-                                        extra=args.opt_arg)
+        found, new = exchange.transform(src, Path(args.output).resolve(), rewrite, Path(tmp), opt_level=args.opt_level,
+                                        keep_jscop=Path(args.jscop_dir) if args.jscop_dir else None, extra=args.opt_arg)
     unknown = sorted(set(edited) - {s.file_name for s in found.scops})
     if unknown:
         console.print(f"[yellow]note:[/] no SCoP for {escape(', '.join(unknown))}")

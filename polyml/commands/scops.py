@@ -20,7 +20,10 @@ def _arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--after", metavar="PASSES", default="",
                    help="show the schedules after these passes (e.g. 'tile{sizes=32,32}'), legality-checked")
     p.add_argument("--function", metavar="REGEX", default="", help="only functions whose name matches REGEX")
+    p.add_argument("--write-jscop", metavar="DIR", default="",
+                   help="write the JSCoP of every SCoP shown (after --after) into DIR, ready for build --import-jscop")
     p.add_argument("--fuse", action=argparse.BooleanOptionalAction, default=True, help="lower with operator fusion, as build does")
+    p.add_argument("--threads", type=int, default=0, help="lower as build --threads N does (1: no parallel outlining)")
     p.add_argument("--input-shape", action="append", default=[], metavar="NAME=1x3x224x224",
                    help="fix the shape of a graph input with symbolic dimensions (repeatable)")
     p.add_argument("--outputs", dest="output_names", default=None, help="comma-separated output tensor names (TensorFlow)")
@@ -30,6 +33,7 @@ def _arguments(p: argparse.ArgumentParser) -> None:
 def cmd_scops(args: argparse.Namespace) -> int:
     from polyml import passes
     from polyml.scop import dependences, legality, printer
+    from polyml.scop import jscop as J
     from polyml.scop.detect import detect
     from polyml.scop.exchange import model_sources
 
@@ -38,7 +42,7 @@ def cmd_scops(args: argparse.Namespace) -> int:
     outputs = args.output_names.split(",") if args.output_names else None
     jobs = os.cpu_count() or 1
     with tempfile.TemporaryDirectory(prefix="polyml-scops-") as tmp:
-        src = model_sources(Path(args.model), Path(tmp), shapes, outputs, args.fuse, chunks=jobs)
+        src = model_sources(Path(args.model), Path(tmp), shapes, outputs, args.fuse, chunks=jobs, parallel=args.threads != 1)
         with ThreadPoolExecutor(max_workers=jobs) as pool:
             found = list(pool.map(detect, src.files.values()))
     keep = re.compile(args.function) if args.function else None
@@ -52,6 +56,9 @@ def cmd_scops(args: argparse.Namespace) -> int:
             jscop = passes.run(pipeline, s.jscop)
             legality.check(s.jscop, jscop, f"{s.function} {s.region} after {args.after}", deps, s.access_kinds)
         entries.append(printer.scop_json(s, jscop, src.op_of, deps))
+        if args.write_jscop:
+            Path(args.write_jscop).mkdir(parents=True, exist_ok=True)
+            J.dump(J.padded(jscop), Path(args.write_jscop) / s.file_name)
     report = printer.report_json(entries, rejected, src.op_of)
     if args.json:
         sys.stdout.write(json.dumps(report, indent=1) + "\n")

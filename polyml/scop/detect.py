@@ -11,6 +11,8 @@ canonicalization, then per function ``print<loops>`` (which blocks lie in loops)
   assumption it would need is false (e.g. "Delinearization assumption: { : false }" when one
   array is accessed with two different shapes);
 * coverage: a store in a loop whose block is no statement of any SCoP (named blocks only).
+
+Only functions with loops count: a rejected region without loops is no loop nest.
 """
 
 from __future__ import annotations
@@ -93,7 +95,8 @@ def detect(ll: str | Path, functions: Sequence[str] | None = None, keep: str | P
             ak = [found.get(s["name"], [a["kind"] for a in s["accesses"]]) for s in data["statements"]]
             ak = [k if len(k) == len(s["accesses"]) else [a["kind"] for a in s["accesses"]] for k, s in zip(ak, data["statements"])]
             scops.append(Scop(function, region, data, ak))
-        rejected = parse_remarks(remarks.read_text() if remarks.exists() else "")
+        # a region without loops (an OpenMP worker's call) is no nest: its rejection is noise
+        rejected = [r for r in parse_remarks(remarks.read_text() if remarks.exists() else "") if loops.get(r.function)]
         rejected += _uncovered(canon.read_text() if canon.exists() else "", loops, scops, {r.function for r in rejected})
     return Detection(scops, rejected)
 
@@ -262,8 +265,7 @@ def _uncovered(ir_text: str, loops: Mapping[str, set[str]], scops: list[Scop], s
         if fn in skip:
             continue
         in_loops = loops.get(fn, set())
-        missing = [b for b in blocks if b in in_loops and not b.isdigit()
-                   and not any(n == stmt_name(b) or n.startswith(stmt_name(b) + "_b") for n in names.get(fn, ()))]
+        missing = [b for b in blocks if b in in_loops and not b.isdigit() and stmt_name(b) not in names.get(fn, ())]
         if missing:
             out.append(Rejection(fn, f"stores in loop blocks outside every SCoP: {', '.join(missing[:6])}"
                                      + (f" and {len(missing) - 6} more" if len(missing) > 6 else "")))

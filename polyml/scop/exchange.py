@@ -37,11 +37,21 @@ def defined_functions(ll_text: str) -> list[str]:
     return [m.group(1).strip('"') for m in re.finditer(r'^define [^@]*@("(?:[^"\\]|\\.)*"|[\w.$-]+)\(', ll_text, re.M)]
 
 
-def export(sources: Sequence[Path], out_dir: Path, jobs: int = 1) -> list[Detection]:
-    """Write the JSCoP of every SCoP of the IR files ``sources`` into ``out_dir``."""
+def export(sources: Sequence[Path], out_dir: Path, jobs: int = 1) -> list[Path]:
+    """Write the JSCoP of every SCoP of the IR files ``sources`` into ``out_dir`` (Polly's
+    files as they are; :func:`polyml.scop.detect.detect` also collects rejections)."""
     out_dir.mkdir(parents=True, exist_ok=True)
+
+    def one(src: Path) -> None:
+        cmd = [tool("opt"), *flags.scop_export_flags(str(out_dir.resolve()), inspect=False), src.name, "-disable-output"]
+        proc = subprocess.run(cmd, capture_output=True, text=True, cwd=src.parent)
+        if proc.returncode != 0:
+            tail = "\n".join(proc.stderr.strip().splitlines()[-5:])
+            raise ToolchainError(f"JSCoP export failed (exit {proc.returncode}):\n{tail}\n  reproduce with: {shlex.join(cmd)}")
+
     with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
-        return list(pool.map(lambda p: detect(p, keep=out_dir), sources))
+        list(pool.map(one, sources))
+    return J.find(out_dir)
 
 
 @dataclass
@@ -61,8 +71,8 @@ def stage_imports(edited: Mapping[str, dict], sources: Mapping[str, Path], stage
     (``{module name: IR file}``) and write the folder Polly imports from.
 
     Every SCoP of an imported function needs a file (Polly's importer stops otherwise): the
-    ones not edited are staged as exported.  ``detected``: detections of (some of) the modules
-    already at hand (restricted to no function).
+    ones not edited are staged as exported.  ``detected``: detections (of all functions) of
+    modules already at hand, by module name.
     """
     stage.mkdir(parents=True, exist_ok=True)
     owner: dict[str, str] = {}
@@ -107,10 +117,10 @@ def load_dir(folder: str | Path) -> dict[str, dict]:
     return {p.name: J.load(p) for p in files}
 
 
-def apply_imports(src: Path, dst: Path, stage: Path, functions: list[str], postopts: bool = False, opt_level: int = 0,
+def apply_imports(src: Path, dst: Path, stage: Path, functions: list[str], opt_level: int = 0,
                   extra: Sequence[str] = ()) -> None:
     """``opt``: import the staged JSCoPs of ``functions`` into ``src`` and generate their code."""
-    cmd = [tool("opt"), *flags.scop_import_flags(str(stage), functions, postopts, opt_level), *extra, src.name, "-S",
+    cmd = [tool("opt"), *flags.scop_import_flags(str(stage.resolve()), functions, opt_level), *extra, src.name, "-S",
            "-o", str(dst)]
     proc = subprocess.run(cmd, capture_output=True, text=True, cwd=src.parent)
     if proc.returncode != 0:
@@ -119,8 +129,8 @@ def apply_imports(src: Path, dst: Path, stage: Path, functions: list[str], posto
                              f"  reproduce with: cd {shlex.quote(str(src.parent))} && {shlex.join(cmd)}")
 
 
-def transform(src: Path, dst: Path, rewrite: Callable[[Scop], dict | None], work: Path, postopts: bool = False,
-              opt_level: int = 0, keep_jscop: Path | None = None, extra: Sequence[str] = ()) -> tuple[Detection, dict[str, dict]]:
+def transform(src: Path, dst: Path, rewrite: Callable[[Scop], dict | None], work: Path, opt_level: int = 0,
+              keep_jscop: Path | None = None, extra: Sequence[str] = ()) -> tuple[Detection, dict[str, dict]]:
     """Detect the SCoPs of ``src``, rewrite each with ``rewrite`` (None: leave it alone), check
     and import the results into ``dst``.  Returns the detection and the new JSCoPs by file."""
     found = detect(src)
@@ -146,7 +156,7 @@ def transform(src: Path, dst: Path, rewrite: Callable[[Scop], dict | None], work
             shutil.copy(src, dst)
         return found, new
     imports = stage_imports(new, {"input": local}, work / "stage", {"input": found})
-    apply_imports(local, dst, imports.stage, imports.functions["input"], postopts, opt_level, extra)
+    apply_imports(local, dst, imports.stage, imports.functions["input"], opt_level, extra)
     return found, new
 
 
@@ -174,8 +184,10 @@ class Sources:
 
 
 def model_sources(model: Path, work: Path, input_shapes: Mapping[str, tuple[int, ...]] | None = None,
-                  outputs: list[str] | None = None, fuse: bool = True, chunks: int = 1) -> Sources:
-    """Lower a model file (or take an ``.ll`` file as is) into IR files as ``polyml build`` does."""
+                  outputs: list[str] | None = None, fuse: bool = True, chunks: int = 1, parallel: bool = True) -> Sources:
+    """Lower a model file (or take an ``.ll`` file as is) into IR files as ``polyml build`` does
+    (``fuse``, ``parallel``: its ``--fuse`` and ``--threads N`` ≠ 1), so that function, region
+    and statement names are the ones a build exports and imports."""
     if model.suffix == ".ll":
         if not model.is_file():
             raise J.JscopError(f"{model}: no such IR file")
@@ -189,7 +201,7 @@ def model_sources(model: Path, work: Path, input_shapes: Mapping[str, tuple[int,
         from polyml.passes.fuse import FuseOperators
 
         graph, _ = FuseOperators().apply(graph)
-    lowered = lower_graph(graph, host_target(), chunks=chunks)
+    lowered = lower_graph(graph, host_target(), chunks=chunks, parallel=parallel)
     work.mkdir(parents=True, exist_ok=True)
     files = {}
     for name, module in lowered.modules.items():

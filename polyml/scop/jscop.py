@@ -19,6 +19,7 @@ import copy
 import hashlib
 import json
 import os
+import re
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 
@@ -152,28 +153,51 @@ def pad_map(m: isl.Map, width: int) -> isl.Map:
     return m
 
 
+_ARRAY = re.compile(r"->\s*([A-Za-z_][\w.]*)\s*\[")
+
+
 def array_name(relation: str | isl.Map) -> str:
     """The array an access relation reaches (its range tuple name)."""
+    if isinstance(relation, str):
+        m = _ARRAY.search(relation)
+        if m:
+            return m.group(1)
     m = relation if isinstance(relation, isl.Map) else isl.Map(relation)
     return m.get_tuple_name(isl.dim_type.out) or ""
+
+
+def _body(text: str) -> str:
+    """The part of ``{ [params] -> } { ... : ... }`` between the braces of the (only) set."""
+    return text[text.index("{") + 1 : text.rindex("}")].strip()
 
 
 def accesses(jscop: Mapping, kinds: Iterable[str], access_kinds: list[list[str]] | None = None) -> isl.UnionMap:
     """The union of the access relations of the given kinds, restricted to the domains.
 
     ``access_kinds`` overrides the file's kinds (Polly's JSCoP writes a may-write as "write";
-    :mod:`polyml.scop.detect` recovers ``may_write`` from Polly's SCoP printer).
+    :mod:`polyml.scop.detect` recovers ``may_write`` from Polly's SCoP printer).  The relations
+    of one statement are parsed together (polyml's convolutions have hundreds).
     """
     want = set(kinds)
     u = isl.UnionMap("{ }")
     for i, s in enumerate(jscop["statements"]):
-        dom = domain(s)
-        for j, a in enumerate(s["accesses"]):
-            kind = access_kinds[i][j] if access_kinds else a["kind"]
-            if kind in want:
-                m = parse(isl.Map, a["relation"], f"statement {s['name']}: access {j}")
-                u = u.union(isl.UnionMap.from_map(m.intersect_domain(dom)))
-    return u.coalesce()
+        rels = [a["relation"] for j, a in enumerate(s["accesses"])
+                if (access_kinds[i][j] if access_kinds else a["kind"]) in want]
+        if not rels:
+            continue
+        joined = None
+        prefixes = {r[: r.index("{")].strip() if "{" in r else None for r in rels}
+        if len(prefixes) == 1 and None not in prefixes:  # same parameters: one parse for all
+            try:
+                joined = isl.UnionMap(f"{prefixes.pop()} {{ " + "; ".join(_body(r) for r in rels if _body(r)) + " }")
+            except isl.Error:
+                joined = None
+        if joined is None:
+            joined = isl.UnionMap("{ }")
+            for j, r in enumerate(rels):
+                joined = joined.union(isl.UnionMap.from_map(parse(isl.Map, r, f"statement {s['name']}: access {j}")))
+        u = u.union(joined.intersect_domain(isl.UnionSet.from_set(domain(s))).coalesce())
+    return u
 
 
 def statement_names(jscop: Mapping) -> list[str]:

@@ -82,7 +82,7 @@ def violations(original: Mapping, new: Mapping, deps: D.Dependences | None = Non
             bad = m.intersect(later_or_same)
             if bad.is_empty():
                 continue
-            pt = bad.wrap().sample_point()
+            pt = bad.wrap().lexmin().sample_point()  # the first violated pair
             n_in, n_out = m.dim(isl.dim_type.in_), m.dim(isl.dim_type.out)
             s_inst, t_inst = _point_str(src, pt, n_in), _point_str(dst, pt, n_out, n_in)
             arrays = D.arrays_between(kind, isl.UnionMap.from_map(bad), original, access_kinds)

@@ -83,28 +83,28 @@ def print_text(report: Mapping, console: Console, title: str = "") -> None:
     """The report for people: per SCoP a header, one block per statement, dependences, AST."""
     scops = report["scops"]
     if title:
-        console.print(f"[bold]{escape(title)}[/]: {len(scops)} SCoP(s), {len(report['rejected'])} rejected")
+        console.print(f"[bold]{escape(title)}[/]: {len(scops)} SCoP(s), {len(report['rejected'])} rejected", soft_wrap=True)
     for k, s in enumerate(scops):
         ops = sorted({st["op"] for st in s["statements"]})
         console.print()
         console.rule(f"[bold]SCoP {k + 1}/{len(scops)}[/]  {escape(s['function'])}  op {escape(', '.join(ops))}", align="left")
-        console.print(f"  [dim]region[/]      {escape(s['region'])}", highlight=False)
+        console.print(f"  [dim]region[/]      {escape(s['region'])}", highlight=False, soft_wrap=True)
         for st in s["statements"]:
-            console.print(f"\n  [bold cyan]{escape(st['name'])}[/]  [dim](op {escape(st['op'])})[/]", highlight=False)
-            console.print(f"    [dim]domain  [/]  {escape(st['domain'])}", highlight=False)
-            console.print(f"    [dim]schedule[/]  {escape(st['schedule'])}", highlight=False)
+            console.print(f"\n  [bold cyan]{escape(st['name'])}[/]  [dim](op {escape(st['op'])})[/]", highlight=False, soft_wrap=True)
+            console.print(f"    [dim]domain  [/]  {escape(st['domain'])}", highlight=False, soft_wrap=True)
+            console.print(f"    [dim]schedule[/]  {escape(st['schedule'])}", highlight=False, soft_wrap=True)
             for kind, array, n, rel in _access_groups(st["accesses"]):
                 count = f"x{n}" if n > 1 else ""
-                console.print(f"    [dim]{kind:<9}[/] {escape(array):<16} {count:>5}  {escape(rel)}", highlight=False)
-        console.print("\n  [bold]dependences[/]")
+                console.print(f"    [dim]{kind:<9}[/] {escape(array):<16} {count:>5}  {escape(rel)}", highlight=False, soft_wrap=True)
+        console.print("\n  [bold]dependences[/]", soft_wrap=True)
         for kind in D.KINDS:
-            console.print(f"    [dim]{kind}[/]  {escape(s['dependences'][kind])}", highlight=False)
+            console.print(f"    [dim]{kind}[/]  {escape(s['dependences'][kind])}", highlight=False, soft_wrap=True)
         console.print("\n  [bold]ast[/]")
         for line in s["ast"].rstrip().splitlines():
-            console.print(f"    {escape(line)}", highlight=False)
+            console.print(f"    {escape(line)}", highlight=False, soft_wrap=True)
     if report["rejected"]:
         console.print()
         console.rule("[bold red]rejected[/]", align="left")
         width = max(len(r["op"]) for r in report["rejected"])
         for r in report["rejected"]:
-            console.print(f"  {escape(r['op']):<{width}}  {escape(r['reason'])}", highlight=False)
+            console.print(f"  {escape(r['op']):<{width}}  {escape(r['reason'])}", highlight=False, soft_wrap=True)
