@@ -22,6 +22,7 @@ import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import llvmlite
 
@@ -31,6 +32,9 @@ from polyml.driver import artifact, flags
 from polyml.driver.toolchain import host_target, tool, tool_version
 from polyml.errors import PolymlError, ToolchainError
 from polyml.graph import Graph
+
+if TYPE_CHECKING:
+    from polyml.scop.exchange import Imports
 
 MANIFEST = "manifest.json"
 LIBRARY = "model.so"
@@ -209,7 +213,7 @@ def _check_jscop_folder(options: flags.Options, out: Path) -> None:
                           "build replaces; copy the edited files elsewhere first (e.g. cp -r ART/jscop edits)")
 
 
-def _stage_jscop_imports(options: flags.Options, sources: dict[str, Path], out: Path, seconds: dict):
+def _stage_jscop_imports(options: flags.Options, sources: dict[str, Path], out: Path, seconds: dict) -> Imports | None:
     """``--import-jscop``: check the edited JSCoPs (same SCoPs, legal schedules) and stage them
     in the artifact's ``jscop-imported/`` (:mod:`polyml.scop.exchange`); None without it."""
     if not options.import_jscop:
