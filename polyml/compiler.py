@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import hashlib
 import os
 import tempfile
 import time
 from collections.abc import Mapping
 from pathlib import Path
 
+from polyml.driver.artifact import sha256_file
 from polyml.driver.build import build_artifact
 from polyml.driver.flags import Options
 from polyml.errors import ModelFormatError
@@ -37,12 +37,7 @@ def read_graph(
     raise ModelFormatError(f"{p}: unknown model format {suffix!r} (expected .onnx, .pb or .pbtxt)")
 
 
-def file_sha256(path: str | os.PathLike) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
+file_sha256 = sha256_file  # the model file's hash, as recorded in manifest.json
 
 
 def compile_graph(graph: Graph, output_dir: str | os.PathLike | None = None, emit=(), model_sha256: str = "", frontend_seconds: float = 0.0,

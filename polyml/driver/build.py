@@ -12,7 +12,6 @@ A failing tool leaves its input and the exact command under ``DIR/failed/`` for 
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import shlex
@@ -74,14 +73,6 @@ def run_tool(cmd: list[str], outdir: Path, inputs: list[Path], what: str, cwd: P
         f"{what} failed (exit {proc.returncode}): {first_error or 'no message'}\n"
         f"  input saved to: {', '.join(dict.fromkeys(moved.values())) or '-'}\n  reproduce with: {command}"
     )
-
-
-def sha256_file(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 def toolchain_versions() -> dict[str, str]:
