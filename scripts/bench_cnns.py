@@ -1,11 +1,13 @@
 """Compile time and latency of polyml (Polly on and off) next to onnxruntime on the nine light CNNs.
 
 Each model gets seeded random weights (polyml.testing.randomize_weights) and one random input.
-Latencies are medians over ``--repeat`` rounds in which the three runners alternate, after
-warm-up, all in this process and with the same thread count; the ratio column is
-polyml-with-Polly / onnxruntime. Prints a markdown table (for docs/PERFORMANCE.md).
+Latencies are medians of ``--repeat`` timed runs per runner, the three runners alternating in
+blocks after warm-up (``polyml.benchmark.measure``: a settle sleep, then ``--block`` calls of
+which the first is untimed), all in this process and with the same thread count; the ratio
+column is polyml-with-Polly / onnxruntime. Prints a markdown table (for docs/PERFORMANCE.md).
 
-    python scripts/bench_cnns.py [--models resnet50,vgg19] [--repeat 10] [--threads 2] [--json out.json]
+    python scripts/bench_cnns.py [--models resnet50,vgg19] [--repeat 10] [--threads 2] [--block 6] [--settle 0.3] \
+        [--json out.json]
 
 ``--fuse`` compares fused and unfused builds (both with Polly) instead: latency, loop nests,
 intermediate bytes, and peak memory as the resident-set growth (``ru_maxrss``) of a fresh
@@ -18,7 +20,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -28,12 +29,19 @@ from pathlib import Path
 import onnx
 
 import polyml
+from polyml import benchmark
 from polyml.compiler import read_graph
 from polyml.flops import graph_flops
 from polyml.testing import LIGHT_MODELS, expose_logits, light_model_path, random_inputs, randomize_weights, rel_error
 
 
-def bench_model(name: str, repeat: int, threads: int, work: Path) -> dict:
+def timed(runners: dict, repeat: int, timing: dict, label: str) -> dict[str, dict[str, float]]:
+    """Median/min/max ms of ``runners`` in alternating blocks (``timing``: warmup, block, settle_s)."""
+    with benchmark.rich_progress(label=label) as progress:
+        return benchmark.summarize(benchmark.measure(runners, repeat=repeat, progress=progress, **timing))
+
+
+def bench_model(name: str, repeat: int, threads: int, work: Path, timing: dict | None = None) -> dict:
     import onnxruntime as ort
 
     model = expose_logits(randomize_weights(onnx.load(str(light_model_path(name))), seed=0))
@@ -57,22 +65,15 @@ def bench_model(name: str, repeat: int, threads: int, work: Path) -> dict:
 
     calls = {k: (lambda r=r: r.run(feeds)) for k, r in runners.items()}
     calls["onnxruntime"] = lambda: sess.run(names, feeds)
-    for f in calls.values():  # warm-up
-        f()
-    times: dict[str, list[float]] = {k: [] for k in calls}
-    for _ in range(repeat):
-        for k, f in calls.items():
-            t = time.perf_counter()
-            f()
-            times[k].append(time.perf_counter() - t)
-    med = {k: statistics.median(v) for k, v in times.items()}
+    stats = timed(calls, repeat, timing or {}, name)
+    med = {k: s["median_ms"] / 1e3 for k, s in stats.items()}
     return {
         "model": name,
         "gflop": flops / 1e9,
         "compile_s": compile_s,
-        "median_ms": {k: v * 1e3 for k, v in med.items()},
-        "min_ms": {k: min(v) * 1e3 for k, v in times.items()},
-        "max_ms": {k: max(v) * 1e3 for k, v in times.items()},
+        "median_ms": {k: s["median_ms"] for k, s in stats.items()},
+        "min_ms": {k: s["min_ms"] for k, s in stats.items()},
+        "max_ms": {k: s["max_ms"] for k, s in stats.items()},
         "gflops": {k: flops / v / 1e9 for k, v in med.items()},
         "ratio_polly_vs_ort": med["polly"] / med["onnxruntime"],
         "rel_error": errors,
@@ -108,7 +109,7 @@ def rss_delta_mb(kind: str, path: Path, feeds_path: Path, threads: int) -> float
     return int(out.strip().splitlines()[-1]) / 1024
 
 
-def bench_fusion(name: str, repeat: int, threads: int, work: Path) -> dict:
+def bench_fusion(name: str, repeat: int, threads: int, work: Path, timing: dict | None = None) -> dict:
     """Fused vs unfused polyml (Polly on) vs onnxruntime: latency medians, memory."""
     import numpy as np
     import onnxruntime as ort
@@ -127,29 +128,17 @@ def bench_fusion(name: str, repeat: int, threads: int, work: Path) -> dict:
     names = [o.name for o in sess.get_outputs()]
     ref = dict(zip(names, sess.run(names, feeds)))
     errors = {k: max(rel_error(r.run(feeds)[n], ref[n]) for n in names) for k, r in runners.items()}
-    # fused and unfused alternate; onnxruntime is timed in its own block afterwards: its pool
-    # threads keep spinning after a run and slowed whichever polyml build came next (10-40 %)
+    # blocks with a settle sleep: onnxruntime's pool threads keep spinning after a run and, with
+    # call-by-call alternation, slowed whichever polyml build came next (10-40 %)
     calls = {k: (lambda r=r: r.run(feeds)) for k, r in runners.items()}
-    for f in calls.values():
-        f()
-    times: dict[str, list[float]] = {k: [] for k in calls}
-    for _ in range(repeat):
-        for k, f in calls.items():
-            t = time.perf_counter()
-            f()
-            times[k].append(time.perf_counter() - t)
-    sess.run(names, feeds)
-    times["onnxruntime"] = []
-    for _ in range(repeat):
-        t = time.perf_counter()
-        sess.run(names, feeds)
-        times["onnxruntime"].append(time.perf_counter() - t)
+    calls["onnxruntime"] = lambda: sess.run(names, feeds)
+    stats = timed(calls, repeat, timing or {}, name)
     rss = {k: rss_delta_mb("polyml", work / f"{name}.{k}", feeds_path, threads) for k in runners}
     rss["onnxruntime"] = rss_delta_mb("ort", path, feeds_path, threads)
     man = {k: r.manifest for k, r in runners.items()}
     return {
         "model": name,
-        "median_ms": {k: statistics.median(v) * 1e3 for k, v in times.items()},
+        "median_ms": {k: s["median_ms"] for k, s in stats.items()},
         "loop_nests": {k: m["loop_nests"] for k, m in man.items()},
         "intermediate_mb": {k: m["intermediate_bytes"] / 1e6 for k, m in man.items()},
         "arena_weights_mb": {k: (m["arena_bytes"] + m["weights_bytes"]) / 1e6 for k, m in man.items()},
@@ -196,27 +185,31 @@ def main() -> int:
     ap.add_argument("--models", default=",".join(LIGHT_MODELS))
     ap.add_argument("--repeat", type=int, default=10)
     ap.add_argument("--threads", type=int, default=os.cpu_count() or 1)
+    ap.add_argument("--warmup", type=int, default=1, help="untimed runs per runner before the blocks (default 1)")
+    benchmark.add_options(ap)
     ap.add_argument("--json", default=None)
     ap.add_argument("--fuse", action="store_true", help="fused vs unfused vs onnxruntime, with memory")
     args = ap.parse_args()
+    timing = {"warmup": args.warmup, "block": args.block, "settle_s": args.settle}
+    method = f"threads={args.threads}, {benchmark.describe(args.repeat, args.block, args.settle)}"
     rows = []
     if args.fuse:
         with tempfile.TemporaryDirectory(prefix="polyml-bench-") as tmp:
             for name in args.models.split(","):
-                rows.append(bench_fusion(name, args.repeat, args.threads, Path(tmp)))
+                rows.append(bench_fusion(name, args.repeat, args.threads, Path(tmp), timing))
                 print(f"{name}: " + ", ".join(f"{k} {v:.1f} ms" for k, v in rows[-1]["median_ms"].items()), file=sys.stderr, flush=True)
                 if args.json:
                     Path(args.json).write_text(json.dumps(rows, indent=1))
-        print(f"threads={args.threads} repeat={args.repeat} (medians of alternating runs)\n")
+        print(f"{method} (medians)\n")
         print(markdown_fusion(rows))
         return 0
     with tempfile.TemporaryDirectory(prefix="polyml-bench-") as tmp:
         for name in args.models.split(","):
-            r = bench_model(name, args.repeat, args.threads, Path(tmp))
+            r = bench_model(name, args.repeat, args.threads, Path(tmp), timing)
             rows.append(r)
             print(f"{name}: " + ", ".join(f"{k} {v:.1f} ms" for k, v in r["median_ms"].items())
                   + f", compile {r['compile_s']['polly']:.1f}s", file=sys.stderr, flush=True)
-    print(f"threads={args.threads} repeat={args.repeat} (medians of alternating runs)\n")
+    print(f"{method} (medians)\n")
     print(markdown(rows))
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=1))

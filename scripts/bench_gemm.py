@@ -1,11 +1,14 @@
 """GFLOP/s of a polyml-compiled single MatMul model next to numpy's OpenBLAS SGEMM.
 
-Both run in this process with the same thread count, alternating round by round after
-warm-up; prints medians (and min-max) per size and the ratio polyml / OpenBLAS, plus polyml's
-max relative error against numpy.  ``OPENBLAS_CORETYPE`` and ``OPENBLAS_L2_SIZE`` are removed
-from the environment before numpy loads (an image that pins Haswell halves OpenBLAS's speed).
+Both run in this process with the same thread count, in alternating blocks after warm-up
+(``polyml.benchmark.measure``: OpenBLAS's threads busy-wait ~0.1-0.2 s after a call and halved
+polyml's speed when the two alternated call by call); prints medians (and min-max) per size and
+the ratio polyml / OpenBLAS, plus polyml's max relative error against numpy.
+``OPENBLAS_CORETYPE`` and ``OPENBLAS_L2_SIZE`` are removed from the environment before numpy
+loads (an image that pins Haswell halves OpenBLAS's speed).
 
-    python scripts/bench_gemm.py [--sizes 1024,512] [--threads 2] [--repeat 20] [--json out.json]
+    python scripts/bench_gemm.py [--sizes 1024,512] [--threads 2] [--repeat 20] [--block 6] [--settle 0.3] \
+        [--json out.json]
 """
 
 from __future__ import annotations
@@ -17,7 +20,6 @@ for _var in ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE"):
 
 import argparse  # noqa: E402
 import json  # noqa: E402
-import statistics  # noqa: E402
 import tempfile  # noqa: E402
 import time  # noqa: E402
 from pathlib import Path  # noqa: E402
@@ -25,6 +27,7 @@ from pathlib import Path  # noqa: E402
 import numpy as np  # noqa: E402
 import onnx  # noqa: E402
 
+from polyml import benchmark  # noqa: E402
 from polyml.compiler import compile as polyml_compile  # noqa: E402
 from polyml.testing import rel_error, single_node_model  # noqa: E402
 
@@ -40,8 +43,9 @@ def _blas_threads(n: int) -> str:
     return ", ".join(f"{i['internal_api']} {i['version']} {i.get('architecture', '')} threads={i['num_threads']}" for i in info)
 
 
-def bench_size(n: int, threads: int, repeat: int, warmup: int, work: Path, **options) -> dict:
-    """Median seconds of polyml and numpy on an n×n×n float32 MatMul, alternating."""
+def bench_size(n: int, threads: int, repeat: int, warmup: int, work: Path, block: int = benchmark.BLOCK,
+               settle_s: float = benchmark.SETTLE_S, **options) -> dict:
+    """Median times of polyml and numpy on an n×n×n float32 MatMul, in alternating blocks."""
     path = work / f"matmul{n}.onnx"
     onnx.save(single_node_model("MatMul", {"a": (n, n), "b": (n, n)}), str(path))
     t0 = time.perf_counter()
@@ -54,18 +58,11 @@ def bench_size(n: int, threads: int, repeat: int, warmup: int, work: Path, **opt
     got = compiled.run(feeds)["y"]
     err = rel_error(got, a.astype(np.float64) @ b.astype(np.float64))
     runners = {"polyml": lambda: compiled.run(feeds), "openblas": lambda: np.matmul(a, b)}
-    times: dict[str, list[float]] = {k: [] for k in runners}
-    for i in range(warmup + repeat):
-        for name, fn in runners.items():
-            t = time.perf_counter()
-            fn()
-            if i >= warmup:
-                times[name].append(time.perf_counter() - t)
+    times = benchmark.measure(runners, warmup, repeat, block=block, settle_s=settle_s)
     flop = 2.0 * n**3
-    row = {"n": n, "compile_s": round(compile_s, 2), "max_rel_err": err}
-    for name, ts in times.items():
-        med = statistics.median(ts)
-        row[name] = {"median_ms": med * 1e3, "min_ms": min(ts) * 1e3, "max_ms": max(ts) * 1e3, "gflops": flop / med / 1e9}
+    row = {"n": n, "compile_s": round(compile_s, 2), "max_rel_err": err, "block": block, "settle_s": settle_s}
+    for name, st in benchmark.summarize(times).items():
+        row[name] = {**st, "gflops": flop / (st["median_ms"] / 1e3) / 1e9}
     row["ratio"] = row["polyml"]["gflops"] / row["openblas"]["gflops"]
     return row
 
@@ -76,14 +73,17 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--repeat", type=int, default=20)
     ap.add_argument("--warmup", type=int, default=3)
+    benchmark.add_options(ap)
     ap.add_argument("--no-polly", action="store_true")
     ap.add_argument("--json", dest="json_file")
     args = ap.parse_args()
     print(_blas_threads(args.threads))
+    print(benchmark.describe(args.repeat, args.block, args.settle))
     rows = []
     with tempfile.TemporaryDirectory(prefix="polyml-gemm-") as tmp:
         for n in (int(s) for s in args.sizes.split(",")):
-            r = bench_size(n, args.threads, args.repeat, args.warmup, Path(tmp), polly=not args.no_polly)
+            r = bench_size(n, args.threads, args.repeat, args.warmup, Path(tmp), block=args.block, settle_s=args.settle,
+                           polly=not args.no_polly)
             rows.append(r)
             p, o = r["polyml"], r["openblas"]
             print(f"{n}³ threads={args.threads}: polyml {p['gflops']:.1f} GFLOP/s ({p['median_ms']:.2f} ms, "

@@ -4,11 +4,12 @@ For each model: freeze it with ``scripts/freeze_keras.py`` (unless ``build/tf/NA
 compile it with polyml (``--polly``, and each ``--layouts`` variant of the TF frontend), run
 TensorFlow on the same frozen GraphDef in a ``tf.compat.v1.Session`` (intra-op threads =
 ``--threads``, inter-op 1), check the outputs against TensorFlow's, then time all runners in
-alternating rounds after warm-up, in this process, with the same thread count.  Prints a
+alternating blocks after warm-up (``polyml.benchmark.measure``: a settle sleep, then ``--block``
+calls of which the first is untimed), in this process, with the same thread count.  Prints a
 markdown table of medians (for docs/PERFORMANCE.md and docs/TENSORFLOW.md).
 
     python scripts/bench_tf.py [--models mobilenet_v2_224,resnet50_224] [--repeat 20] [--threads 2] \\
-        [--layouts nchw,nhwc] [--json out.json]
+        [--layouts nchw,nhwc] [--block 6] [--settle 0.3] [--json out.json]
 """
 
 from __future__ import annotations
@@ -16,7 +17,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import subprocess
 import sys
 import time
@@ -27,6 +27,7 @@ import numpy as np
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 import polyml  # noqa: E402
+from polyml import benchmark  # noqa: E402
 from polyml.compiler import compile_graph  # noqa: E402
 from polyml.flops import graph_flops  # noqa: E402
 from polyml.frontends.tensorflow import from_graphdef  # noqa: E402
@@ -60,7 +61,8 @@ def tf_session(pb: Path, threads: int):
     return tf.compat.v1.Session(graph=g, config=cfg)
 
 
-def bench(stem: str, repeat: int, threads: int, layouts: list[str], work: Path) -> dict:
+def bench(stem: str, repeat: int, threads: int, layouts: list[str], work: Path, timing: dict | None = None) -> dict:
+    """``timing``: keyword arguments of :func:`polyml.benchmark.measure` (warmup, block, settle_s)."""
     pb = ensure_frozen(stem, work)
     with np.load(work / f"{stem}.in.npz") as z:
         feeds = {k: z[k] for k in z.files}
@@ -86,18 +88,11 @@ def bench(stem: str, repeat: int, threads: int, layouts: list[str], work: Path) 
     tf_out = dict(zip(ref, sess.run(fetch, feed)))
     errors["tensorflow-session"] = max(rel_error(tf_out[k], ref[k]) for k in ref)
     runners["tensorflow"] = lambda: sess.run(fetch, feed)
-    for f in runners.values():
-        for _ in range(3):
-            f()
-    times: dict[str, list[float]] = {k: [] for k in runners}
-    for _ in range(repeat):
-        for k, f in runners.items():
-            t = time.perf_counter()
-            f()
-            times[k].append(time.perf_counter() - t)
-    med = {k: statistics.median(v) * 1e3 for k, v in times.items()}
-    return {"model": stem, "gflop": flops / 1e9, "median_ms": med,
-            "min_ms": {k: min(v) * 1e3 for k, v in times.items()}, "compile_s": compile_s, "rel_error": errors}
+    with benchmark.rich_progress(label=stem) as progress:
+        stats = benchmark.summarize(benchmark.measure(runners, repeat=repeat, progress=progress, **(timing or {})))
+    return {"model": stem, "gflop": flops / 1e9, "median_ms": {k: s["median_ms"] for k, s in stats.items()},
+            "min_ms": {k: s["min_ms"] for k, s in stats.items()}, "max_ms": {k: s["max_ms"] for k, s in stats.items()},
+            "compile_s": compile_s, "rel_error": errors}
 
 
 def markdown(rows: list[dict], layouts: list[str]) -> str:
@@ -119,6 +114,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--repeat", type=int, default=20)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--layouts", default="nchw", help="comma-separated TF frontend layouts (nchw, nhwc)")
+    ap.add_argument("--warmup", type=int, default=3, help="untimed runs per runner before the blocks (default 3)")
+    benchmark.add_options(ap)
     ap.add_argument("--work", default=str(ROOT / "build" / "tf"))
     ap.add_argument("--json", default=None)
     args = ap.parse_args(argv)
@@ -128,9 +125,11 @@ def main(argv: list[str] | None = None) -> int:
     polyml.runtime.model.set_num_threads(args.threads)
     rows = []
     for stem in args.models.split(","):
-        r = bench(stem, args.repeat, args.threads, layouts, work)
+        r = bench(stem, args.repeat, args.threads, layouts, work,
+                  {"warmup": args.warmup, "block": args.block, "settle_s": args.settle})
         rows.append(r)
         print(json.dumps(r), file=sys.stderr)
+    print(f"threads={args.threads}, {benchmark.describe(args.repeat, args.block, args.settle)} (medians)\n")
     print(markdown(rows, layouts))
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=1))

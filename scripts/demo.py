@@ -1,13 +1,12 @@
 """`make demo`: compile a small CNN with Polly, check it against onnxruntime, time both.
 
 The model is SqueezeNet 1.0 from the onnx wheel's 'light' set with seeded random weights
-(its shipped weights are ConstantOfShape zeros/ones). Latencies are medians of alternating
-runs in this process.
+(its shipped weights are ConstantOfShape zeros/ones). Latencies are medians of 15 timed
+runs each, the two runners alternating in blocks in this process (polyml.benchmark.measure).
 """
 
 from __future__ import annotations
 
-import statistics
 import sys
 import time
 from pathlib import Path
@@ -16,6 +15,7 @@ import numpy as np
 import onnx
 
 import polyml
+from polyml import benchmark
 from polyml.testing import light_model_path, onnxruntime_run, random_inputs, randomize_weights, rel_error
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -42,17 +42,8 @@ def main() -> int:
     ref = onnxruntime_run(model, feeds)[out_name]
     err = rel_error(got[out_name], ref)
 
-    times: dict[str, list[float]] = {"polyml": [], "onnxruntime": []}
-    for _ in range(3):  # warm-up
-        compiled.run(feeds)
-        sess.run(None, feeds)
-    for _ in range(15):  # alternate so that drift hits both alike
-        t = time.perf_counter()
-        compiled.run(feeds)
-        times["polyml"].append(time.perf_counter() - t)
-        t = time.perf_counter()
-        sess.run(None, feeds)
-        times["onnxruntime"].append(time.perf_counter() - t)
+    stats = benchmark.summarize(benchmark.measure({"polyml": lambda: compiled.run(feeds),
+                                                   "onnxruntime": lambda: sess.run(None, feeds)}, warmup=2, repeat=15))
 
     out = got[out_name]
     print(f"model      {name} ({path})")
@@ -61,10 +52,9 @@ def main() -> int:
     print(f"output     {out_name}: shape {list(out.shape)}, top-5 classes {[int(i) for i in np.argsort(-out.reshape(-1))[:5]]}, "
           f"sum {out.sum():.4f}")
     print(f"accuracy   max|Δ|/max|ref| vs onnxruntime = {err:.2e}")
-    med = {k: statistics.median(v) * 1e3 for k, v in times.items()}
-    for k, v in times.items():
-        print(f"latency    {k:<12} median {med[k]:8.2f} ms  (min {min(v) * 1e3:.2f}, max {max(v) * 1e3:.2f}, n={len(v)})")
-    print(f"ratio      polyml / onnxruntime = {med['polyml'] / med['onnxruntime']:.2f}")
+    for k, st in stats.items():
+        print(f"latency    {k:<12} median {st['median_ms']:8.2f} ms  (min {st['min_ms']:.2f}, max {st['max_ms']:.2f}, n={st['n']})")
+    print(f"ratio      polyml / onnxruntime = {stats['polyml']['median_ms'] / stats['onnxruntime']['median_ms']:.2f}")
     return 0 if err <= 1e-3 else 1
 
 

@@ -1,4 +1,4 @@
-"""`polyml bench`: alternating runs against onnxruntime, JSON report, clear errors."""
+"""`polyml bench` and polyml.benchmark: block-alternated runs, JSON report, clear errors."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import json
 import onnx
 import pytest
 
-from polyml import cli
+from polyml import benchmark, cli
 from polyml.testing import single_node_model
 
 
@@ -33,3 +33,80 @@ def test_bench_unknown_peer_is_an_error(tmp_path, capsys) -> None:
     onnx.save(single_node_model("Relu", {"x": (4,)}), str(tmp_path / "r.onnx"))
     assert cli.main(["bench", str(tmp_path / "r.onnx"), "--compare", "pytorch"]) == 2
     assert "unknown peer" in capsys.readouterr().err
+
+
+class _Fake:
+    """Runners, clock and sleep that log every event; each call advances the clock by a unique amount."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+        self.log: list[tuple[str, int]] = []  # (runner or "sleep", call index of that runner)
+        self.calls: dict[str, int] = {}
+
+    def runner(self, name: str, base: float):
+        def call() -> None:
+            i = self.calls.get(name, 0)
+            self.calls[name] = i + 1
+            self.log.append((name, i))
+            self.now += base + i * 1e-6  # call i of this runner takes base + i µs
+
+        return call
+
+    def sleep(self, s: float) -> None:
+        self.log.append(("sleep", 0))
+        self.now += s
+
+    def clock(self) -> float:
+        return self.now
+
+
+def test_measure_alternates_blocks_and_discards_first_of_block() -> None:
+    fake = _Fake()
+    runners = {"a": fake.runner("a", 1.0), "b": fake.runner("b", 2.0)}
+    seen: list[tuple[str, int, int]] = []
+    times = benchmark.measure(runners, warmup=2, repeat=7, block=4, settle_s=0.5, clock=fake.clock, sleep=fake.sleep,
+                              progress=lambda phase, done, total: seen.append((phase, done, total)))
+    # 3 timed per block → blocks of 3+3+1 timed, each after a sleep and one untimed call
+    assert {k: len(v) for k, v in times.items()} == {"a": 7, "b": 7}
+    assert fake.calls == {"a": 2 + 3 + 7, "b": 2 + 3 + 7}
+    warm = [("a", 0), ("a", 1), ("b", 0), ("b", 1)]
+    assert fake.log[:4] == warm
+    # after warm-up: a sleep, then a block of one runner; blocks of a and b alternate, round after round
+    blocks: list[list[str]] = []
+    for name, _ in fake.log[4:]:
+        if name == "sleep":
+            blocks.append([])
+        else:
+            blocks[-1].append(name)
+    assert fake.log[4] == ("sleep", 0)
+    assert [b[0] for b in blocks] == ["a", "b"] * 3
+    assert all(len(set(b)) == 1 for b in blocks)
+    assert [len(b) for b in blocks] == [4, 4, 4, 4, 2, 2]
+    # which calls were timed: call i takes base + i µs, so the times name the call indices
+    timed_a = [round((t - 1.0) * 1e6) for t in times["a"]]
+    timed_b = [round((t - 2.0) * 1e6) for t in times["b"]]
+    # per runner: warm-up calls 0,1; block 1 = call 2 untimed, 3-5 timed; block 2 = 6 untimed, 7-9; block 3 = 10, 11
+    assert timed_a == timed_b == [3, 4, 5, 7, 8, 9, 11]
+    assert seen[0] == ("warm-up", 0, 24) and seen[-1] == ("timing", 24, 24)
+    assert [d for _, d, _ in seen] == list(range(25))
+
+
+def test_measure_without_settle_or_blocks() -> None:
+    fake = _Fake()
+    runners = {"a": fake.runner("a", 1.0), "b": fake.runner("b", 1.0), "c": fake.runner("c", 1.0)}
+    times = benchmark.measure(runners, warmup=0, repeat=3, block=1, settle_s=0, clock=fake.clock, sleep=fake.sleep)
+    assert ("sleep", 0) not in fake.log
+    # block=1: call-by-call alternation, every call timed
+    assert [n for n, _ in fake.log] == ["a", "b", "c"] * 3
+    assert all(len(v) == 3 for v in times.values())
+    times = benchmark.measure({"a": fake.runner("a", 1.0)}, warmup=0, repeat=2, block=6, settle_s=0,
+                              clock=fake.clock, sleep=fake.sleep)
+    assert len(times["a"]) == 2 and fake.calls["a"] == 3 + 3  # one untimed + two timed in the last block
+    with pytest.raises(ValueError):
+        benchmark.measure(runners, repeat=3, block=0)
+
+
+def test_summarize() -> None:
+    s = benchmark.summarize({"a": [0.003, 0.001, 0.002], "b": [0.004]})
+    assert s["a"] == {"median_ms": pytest.approx(2.0), "min_ms": pytest.approx(1.0), "max_ms": pytest.approx(3.0), "n": 3}
+    assert s["b"]["median_ms"] == pytest.approx(4.0)

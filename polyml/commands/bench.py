@@ -1,24 +1,25 @@
 """``polyml bench MODEL|DIR``: latency of a compiled model next to peers, measured in one run.
 
-Runners (polyml, onnxruntime, tensorflow) alternate round by round after warm-up, so that
-machine noise hits all of them alike; the report gives medians, min–max, GFLOP/s (Conv, Gemm
-and MatMul flops counted on polyml's graph) and each peer's ratio to polyml.
+Runners (polyml, onnxruntime, tensorflow) alternate in blocks after warm-up
+(:func:`polyml.benchmark.measure`: a settle sleep, then ``--block`` consecutive calls of which
+the first is untimed, so the peers' spinning thread pools do not steal cores from the next
+runner, while rounds still spread machine drift over all of them); the report gives medians,
+min–max, GFLOP/s (Conv, Gemm and MatMul flops counted on polyml's graph) and each peer's ratio
+to polyml.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import tempfile
-import time
 from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
-from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from polyml import benchmark
 from polyml.cli import _add_build_options, _compile, command, console, out
 from polyml.errors import PolymlError
 from polyml.runtime.model import CompiledModel
@@ -29,8 +30,9 @@ PEERS = ("onnxruntime", "tensorflow")
 def _arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("model", help="model file (.onnx, .pb) or artifact folder")
     p.add_argument("--compare", default="", help="comma-separated peers: onnxruntime, tensorflow")
-    p.add_argument("--repeat", type=int, default=20, help="timed rounds (default 20)")
-    p.add_argument("--warmup", type=int, default=3)
+    p.add_argument("--repeat", type=int, default=20, help="timed runs per runner (default 20)")
+    p.add_argument("--warmup", type=int, default=3, help="untimed runs per runner before the blocks (default 3)")
+    benchmark.add_options(p)
     p.add_argument("--inputs", default=None, help=".npz of inputs (default: seeded random data)")
     p.add_argument("--json", dest="json_file", default=None, help="write the results as JSON")
     _add_build_options(p, outputs_flag="--output-names")
@@ -72,26 +74,14 @@ def tensorflow_runner(path: Path, threads: int, feeds: dict[str, np.ndarray], ou
     return lambda: sess.run(fetches, feed)
 
 
-def measure(runners: dict[str, Callable[[], object]], warmup: int, repeat: int) -> dict[str, list[float]]:
-    times: dict[str, list[float]] = {k: [] for k in runners}
-    with Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
-                  TimeElapsedColumn(), console=console, transient=True) as progress:
-        task = progress.add_task("warm-up", total=warmup + repeat)
-        for _ in range(warmup):
-            for f in runners.values():
-                f()
-            progress.advance(task)
-        progress.update(task, description="timing (alternating)")
-        for _ in range(repeat):
-            for k, f in runners.items():
-                t = time.perf_counter()
-                f()
-                times[k].append(time.perf_counter() - t)
-            progress.advance(task)
-    return times
+def measure(runners: dict[str, Callable[[], object]], warmup: int, repeat: int, block: int = benchmark.BLOCK,
+            settle_s: float = benchmark.SETTLE_S) -> dict[str, list[float]]:
+    """:func:`polyml.benchmark.measure` with a progress bar on stderr."""
+    with benchmark.rich_progress(console) as progress:
+        return benchmark.measure(runners, warmup, repeat, block=block, settle_s=settle_s, progress=progress)
 
 
-@command("bench", _arguments, "latency of a model next to onnxruntime/tensorflow (medians of alternating runs)")
+@command("bench", _arguments, "latency of a model next to onnxruntime/tensorflow (medians of alternating blocks of runs)")
 def cmd_bench(args: argparse.Namespace) -> int:
     from polyml.compiler import read_graph
     from polyml.flops import graph_flops
@@ -101,6 +91,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
     unknown = [p for p in peers if p not in PEERS]
     if unknown:
         raise PolymlError(f"--compare: unknown peer(s) {unknown}; choose from {list(PEERS)}")
+    if args.block < 1 or args.settle < 0 or args.repeat < 1 or args.warmup < 0:
+        raise PolymlError("need --block >= 1, --settle >= 0, --repeat >= 1, --warmup >= 0")
     tmp = None
     if target.is_dir():
         compiled = CompiledModel(target)
@@ -130,26 +122,30 @@ def cmd_bench(args: argparse.Namespace) -> int:
                 runners[p] = onnxruntime_runner(model_path, threads, feeds)
             else:
                 runners[p] = tensorflow_runner(model_path, threads, feeds, list(compiled.outputs))
-        times = measure(runners, args.warmup, args.repeat)
+        times = measure(runners, args.warmup, args.repeat, args.block, args.settle)
     finally:
         if tmp is not None:
             tmp.cleanup()
 
-    med = {k: statistics.median(v) for k, v in times.items()}
-    table = Table(title=f"polyml bench {target.name} (threads={threads or 'all'}, {args.repeat} alternating rounds)")
+    stats = benchmark.summarize(times)
+    med = {k: v["median_ms"] / 1e3 for k, v in stats.items()}
+    table = Table(title=f"polyml bench {target.name} (threads={threads or 'all'}, "
+                        f"{benchmark.describe(args.repeat, args.block, args.settle)})")
     for col, just in (("runner", "left"), ("median ms", "right"), ("min–max ms", "right"), ("GFLOP/s", "right"), ("time / polyml", "right")):
         table.add_column(col, justify=just)
     results = {}
-    for k, v in times.items():
+    for k, st in stats.items():
         gflops = flops / med[k] / 1e9 if flops else None
         ratio = med[k] / med["polyml"]
-        results[k] = {"median_ms": med[k] * 1e3, "min_ms": min(v) * 1e3, "max_ms": max(v) * 1e3, "gflops": gflops, "ratio_to_polyml": ratio}
-        table.add_row(k, f"{med[k] * 1e3:.3f}", f"{min(v) * 1e3:.3f}–{max(v) * 1e3:.3f}",
+        results[k] = {"median_ms": st["median_ms"], "min_ms": st["min_ms"], "max_ms": st["max_ms"], "gflops": gflops,
+                      "ratio_to_polyml": ratio}
+        table.add_row(k, f"{st['median_ms']:.3f}", f"{st['min_ms']:.3f}–{st['max_ms']:.3f}",
                       f"{gflops:.1f}" if gflops else "-", f"{ratio:.2f}")
     out.print(table)
     if flops:
         out.print(f"{flops / 1e9:.3f} GFLOP per run (Conv, Gemm, MatMul)")
     if args.json_file:
         Path(args.json_file).write_text(json.dumps({"model": str(target), "gflop": flops / 1e9, "threads": threads,
-                                                    "repeat": args.repeat, "results": results}, indent=1))
+                                                    "repeat": args.repeat, "warmup": args.warmup, "block": args.block,
+                                                    "settle_s": args.settle, "results": results}, indent=1))
     return 0
