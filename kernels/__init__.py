@@ -50,8 +50,26 @@ class Kernel:
     def infer(self, node: Node, ins: list[Operand | None]) -> list[TensorType]:
         raise NotImplementedError
 
+    def describe(self, node: Node, ins: list[Operand | None], outs: list[TensorType]) -> str:
+        """A short note of what the lowering chose for this node (profiles, manifest)."""
+        return ""
+
+    def policy(self, node: Node, ins: list[Operand | None]) -> str:
+        """The Polly policy for this node's function (default: the family's ``polly``)."""
+        return self.polly
+
     def temps(self, node: Node, ins: list[Operand | None], outs: list[TensorType]) -> list[TensorType]:
         return []
+
+    def constants(self, node: Node, ins: list[Operand | None]) -> list[np.ndarray]:
+        """Compile-time arrays derived from constant inputs (weights re-laid out for the packed
+        GEMM): passed to the op function after its temps (``k.constants``), stored with the weights."""
+        return []
+
+    def replaced_inputs(self, node: Node, ins: list[Operand | None]) -> set[int]:
+        """Inputs that :meth:`constants` replace: not passed to the op function (``k.inputs``
+        holds None there) and not stored unless another op reads them."""
+        return set()
 
     def lower(self, k: KernelBuilder) -> None:
         raise NotImplementedError

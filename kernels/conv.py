@@ -36,6 +36,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 
 import llvmlite.ir as ir
+import numpy as np
 from polyml.kernels import Kernel, Operand, register
 from polyml.kernels.fused import epilogue, evaluate_chain
 
@@ -279,6 +280,9 @@ class _Plan:
 def _plan(node: Node, x: TensorType, w: TensorType) -> _Plan:
     win = conv_window(node, x, w)
     lead = x.shape[:2]
+    scratch = _gemm_scratch(node, x, w, win)
+    if scratch is not None:
+        return _Plan("gemm", win, scratch)
     if all(k == 1 for k in win.kernel) and not win.needs_copy():
         sub = None if all(s == 1 for s in win.strides) else TensorType((*lead, *win.out))
         return _Plan("pointwise", win, sub)
@@ -294,6 +298,59 @@ def _plan(node: Node, x: TensorType, w: TensorType) -> _Plan:
         if _vector_ops(rows, bw) < 0.9 * win.out[-2] * _vector_ops(win.out[-1], bw):
             return _Plan("flat", win, src, TensorType((x.shape[0], w.shape[0], *win.out[:-2], rows)))
     return _Plan("direct", win, src)
+
+
+def _gemm_spec_dims(x: TensorType, w: TensorType, win: Window) -> tuple[int, int, int]:
+    """(M, N, K) of the convolution as a product: output channels x output positions x
+    (input channels · taps)."""
+    return w.shape[0], math.prod(win.out), w.shape[1] * math.prod(win.kernel)
+
+
+def _gemm_scratch(node: Node, x: TensorType, w: TensorType, win: Window) -> TensorType | None:
+    """The packing scratch when the convolution runs as a packed GEMM, else None.
+
+    Eligible: a host lowering with the packed GEMM on, one group, batch 1, two spatial dims,
+    a product the packed GEMM takes (:func:`polyml.kernels.matmul.packed_plan`), and
+    :func:`prefer_gemm` says it beats the register-blocked direct nests.
+    """
+    from polyml.kernels.matmul import packed_plan
+
+    if int(node.attrs.get("group", 1)) != 1 or x.shape[0] != 1 or win.rank != 2:
+        return None
+    from polyml.codegen import gemm as packed
+
+    m, n, kk = _gemm_spec_dims(x, w, win)
+    plan = packed_plan(m, n, kk)
+    choice = packed.conv_choice()
+    if plan is None or choice == "direct" or (choice == "auto" and not prefer_gemm(win, m, kk)):
+        return None
+
+    blk, parts = plan
+    spec = packed.GemmSpec(m, n, kk, packed.matrix_loader(0, kk), packed.matrix_loader(1, n), 2)
+    return TensorType((packed.scratch_floats(spec, blk, parts),))
+
+
+#: the smallest reduction (input channels x taps) for which the packed GEMM beats the direct
+#: nests: unstrided 1x1 convolutions, and strided ones with bigger kernels (their direct form
+#: goes through the phase-split copy)
+GEMM_MIN_K_POINTWISE = 128
+GEMM_MIN_K_STRIDED = 1024
+
+
+def prefer_gemm(win: Window, m: int, kk: int) -> bool:
+    """Whether the packed GEMM (im2col packed on the fly) beats the direct nests for this shape.
+
+    Measured per ResNet-50 layer with ``scripts/bench_conv.py`` (2 threads; table in
+    docs/PERFORMANCE.md, "Convolution: direct or packed GEMM"): unstrided 1x1 with K >= 128
+    1.04-2.35x faster as GEMM, K = 64 even; strided 3x3 with K >= 1152 1.4-1.9x; unstrided
+    3x3 0.4-0.8x (the direct nests reuse each loaded input row across the taps, the im2col
+    packing pays a division per element), 7x7/2 0.4x, strided 1x1 0.8-0.9x.
+    """
+    pointwise = all(e == 1 for e in win.kernel)
+    unstrided = all(s == 1 for s in win.strides)
+    if pointwise and unstrided and not win.needs_copy():
+        return kk >= GEMM_MIN_K_POINTWISE
+    return not pointwise and not unstrided and kk >= GEMM_MIN_K_STRIDED and max(win.kernel) <= 3
 
 
 def _vector_ops(n: int, block: int) -> int:
@@ -388,6 +445,28 @@ class Conv(Kernel):
     def temps(self, node: Node, ins: list[Operand | None], outs: list[TensorType]) -> list[TensorType]:
         return _plan(node, ins[0].type, ins[1].type).temps
 
+    def describe(self, node: Node, ins: list[Operand | None], outs: list[TensorType]) -> str:
+        plan = _plan(node, ins[0].type, ins[1].type)
+        win, group = plan.win, int(node.attrs.get("group", 1))
+        g = f" g{group}" if group > 1 else ""
+        return (f"{'x'.join(map(str, win.kernel))}/{max(win.strides)} {ins[0].type.shape[1]}->{ins[1].type.shape[0]}{g} "
+                f"@{'x'.join(map(str, win.size))} {plan.mode}")
+
+    def _prepacks(self, node: Node, ins: list[Operand | None]) -> bool:
+        """Constant weights of a gemm-mode convolution are packed at compile time."""
+        return ins[1].value is not None and _plan(node, ins[0].type, ins[1].type).mode == "gemm"
+
+    def constants(self, node: Node, ins: list[Operand | None]) -> list[np.ndarray]:
+        if not self._prepacks(node, ins):
+            return []
+        from polyml.codegen import gemm as packed
+
+        w = np.asarray(ins[1].value, np.float32)
+        return [packed.prepack_a(w.reshape(w.shape[0], -1), packed.blocking_for_host())]
+
+    def replaced_inputs(self, node: Node, ins: list[Operand | None]) -> set[int]:
+        return {1} if self._prepacks(node, ins) else set()
+
     def lower(self, k: KernelBuilder) -> None:
         if not self._convolve(k):
             epilogue(k, k.outputs[0])  # fused chain as its own nest over y, if there is one
@@ -397,7 +476,7 @@ class Conv(Kernel):
         x, w = k.inputs[0], k.inputs[1]
         bias = k.inputs[2] if len(k.inputs) > 2 else None
         y = k.outputs[0]
-        plan = _plan(k.node, x.type, w.type)
+        plan = _plan(k.node, x.type, k.in_types[1])
         win, r = plan.win, plan.win.rank
         temps = iter(k.temps)
         src_temp = next(temps) if plan.src_temp is not None else None
@@ -405,6 +484,8 @@ class Conv(Kernel):
         group = int(k.attr("group", 1))
         if PREFER_VECTOR_WIDTH:
             set.add(k.fn.attributes, f'"prefer-vector-width"="{PREFER_VECTOR_WIDTH}"')
+        if plan.mode == "gemm":
+            return _convolve_gemm(k, plan, src_temp)
         # Every buffer is accessed through one array shape only: Polly gives an array a single
         # shape, and accesses through two (a 4-D store, a flattened load) make its
         # delinearization assumption false, which dismisses the op's whole SCoP.
@@ -461,6 +542,71 @@ class Conv(Kernel):
         with nest(k, y.shape, names=["cn", "cm", *[f"c{d}" for d in range(r)]]) as ix:
             q = affine(k, [(pitch, ix[-2]), (1, ix[-1])])
             y.store(ix, out_temp.load([*ix[:-2], q]))
+
+
+def _convolve_gemm(k: KernelBuilder, plan: _Plan, scratch: Buffer) -> bool:
+    """``y[m][q] = Σ_p w[m][p] · im2col(x)[p][q]`` through the packed GEMM (1x1 unstrided
+    convolutions read x itself as the B matrix), bias and the fused chain applied to each
+    register tile of y as the GEMM's epilogue.  True if the chain was fused so."""
+    from polyml.kernels.matmul import packed_product
+
+    from polyml.codegen import gemm as packed
+
+    x, w = k.inputs[0], k.inputs[1]
+    bias = k.inputs[2] if len(k.inputs) > 2 else None
+    y = k.outputs[0]
+    win = plan.win
+    m, n, kk = _gemm_spec_dims(x.type, k.in_types[1], win)
+    y_flat = view(k, y, (1, m, n), "y_flat")
+    if all(e == 1 for e in win.kernel) and all(s == 1 for s in win.strides) and not win.needs_copy():
+        load_b = packed.matrix_loader(1, n)
+    else:
+        load_b = packed.im2col_loader(1, win.size, win.kernel, win.out[-1], win.strides, win.dilations, win.pads_begin)
+    prepacked = bool(k.constants)  # the weights in panel order (Conv.constants)
+    operands: list[Buffer] = [k.constants[0] if prepacked else w, x]
+    bias_at = None
+    if bias is not None:
+        bias_at = len(operands)
+        operands.append(bias)
+    chain = k.node.attrs.get("epilogue")
+    extras: list[tuple[int, Buffer, TensorType]] = []  # operand index, buffer, flat (1, C, P) type
+    fused = bool(chain)
+    if chain:
+        for buf in k.inputs[k.node.attrs["epilogue_start"]:]:
+            if buf is None:
+                continue
+            full = (1,) * (y.rank - buf.rank) + buf.shape
+            if all(d == 1 for d in full[2:]):
+                flat = (*full[:2], 1)
+            elif full[2:] == y.shape[2:]:
+                flat = (*full[:2], n)
+            else:
+                fused = False
+                break
+            extras.append((len(operands), buf, TensorType(flat, buf.type.dtype)))
+            operands.append(buf)
+    holder: dict[str, KernelBuilder] = {}
+
+    def make_builder(fn: ir.Function) -> ir.IRBuilder:
+        holder["k"] = sub = KernelBuilder(k.module, fn, k.node, [], [], [], [], [])
+        sub.prefix = f"{k.prefix}.gemm"
+        return sub.b
+
+    def tile_epilogue(b: ir.IRBuilder, ops, i, j, v):  # noqa: ANN001, ANN202
+        if bias_at is not None:
+            v = b.fadd(v, b.load(b.gep(ops[bias_at], [i], inbounds=True)))
+        if fused:
+            sub = holder["k"]
+            bufs = {buf.name: Buffer(sub, b.bitcast(ops[at], pointer_type(tt)), tt, buf.name) for at, buf, tt in extras}
+            v = evaluate_chain(sub, chain, {k.node.attrs["epilogue_acc"]: v}, bufs, [ir.Constant(ir.IntType(64), 0), i, j])
+        return v
+
+    has_epilogue = bias is not None or fused
+    spec = packed.GemmSpec(m, n, kk, packed.matrix_loader(0, kk), load_b, len(operands),
+                           epilogue=tile_epilogue if has_epilogue else None, make_builder=make_builder,
+                           prepacked_a=prepacked)
+    packed_product(k, spec, operands, y_flat, scratch)
+    return fused
 
 
 def _finisher(k: KernelBuilder, acc: Buffer) -> Callable[[list], None] | None:

@@ -44,6 +44,7 @@ import llvmlite.ir as ir
 import numpy as np
 from polyml.kernels import Kernel, Operand, broadcast_shapes, register
 
+from polyml.codegen import gemm as packed
 from polyml.codegen.builder import Buffer, KernelBuilder, pointer_type
 from polyml.errors import ShapeError
 from polyml.graph import Node, TensorType
@@ -160,6 +161,39 @@ def parallel_gemm(k: KernelBuilder, a: Buffer, b: Buffer, c: Buffer) -> bool:
     return True
 
 
+#: products with at least this many multiply-adds and rows go through polyml's packed GEMM
+#: (:mod:`polyml.codegen.gemm`) on the CPU; smaller ones keep the plain nests
+PACKED_MIN_MACS = 1 << 15
+
+
+def packed_plan(m: int, n: int, kk: int) -> tuple[packed.Blocking, int] | None:
+    """(blocking, thread shares) of the packed GEMM for an MxK @ KxN product, or None."""
+    if not packed.enabled():
+        return None
+    blk = packed.blocking_for_host()
+    if m < blk.mr or m * n * kk < PACKED_MIN_MACS:
+        return None
+    cores = os.cpu_count() or 1
+    parts = cores if m * n * kk >= PARALLEL_MIN_MACS else 1
+    return blk, parts
+
+
+def packed_temps(m: int, n: int, kk: int) -> list[TensorType]:
+    """The packing scratch :func:`packed_product` needs (empty when the product stays plain)."""
+    plan = packed_plan(m, n, kk)
+    if plan is None:
+        return []
+    spec = packed.GemmSpec(m, n, kk, packed.matrix_loader(0, kk), packed.matrix_loader(1, n), 2)
+    blk, parts = plan
+    return [TensorType((packed.scratch_floats(spec, blk, parts),))]
+
+
+def packed_product(k: KernelBuilder, spec: packed.GemmSpec, operands: Sequence[Buffer], c: Buffer, scratch: Buffer) -> None:
+    """``spec`` through the packed GEMM into ``c`` (threads only where the op may use them)."""
+    blk, parts = packed_plan(spec.m, spec.n, spec.k)
+    packed.emit_gemm(k, spec, operands, c, scratch, blk, parts if k.parallel else 1)
+
+
 @register
 class Gemm(Kernel):
     """Y = alpha * A' @ B' + beta * C with A' = A or Aᵀ, B' = B or Bᵀ, C broadcast to (M, N)."""
@@ -190,9 +224,19 @@ class Gemm(Kernel):
                 raise ShapeError(f"Gemm node {node.label!r}: C {sc} does not broadcast to ({m}, {n})")
         return [TensorType((m, n), ins[0].type.dtype)]
 
-    def temps(self, node: Node, ins: list[Operand | None], outs: list[TensorType]) -> list[TensorType]:
-        """Row-major copies of the operands read transposed (B only for the packed GEMM)."""
+    def policy(self, node: Node, ins: list[Operand | None]) -> str:
+        return "off" if packed_plan(*self._dims(node, ins)) else self.polly
+
+    def describe(self, node: Node, ins: list[Operand | None], outs: list[TensorType]) -> str:
         m, n, kk = self._dims(node, ins)
+        return f"{m}x{kk} @ {kk}x{n} {'packed' if packed_plan(m, n, kk) else 'nests'}"
+
+    def temps(self, node: Node, ins: list[Operand | None], outs: list[TensorType]) -> list[TensorType]:
+        """The packed GEMM's scratch, or row-major copies of the operands read transposed (B
+        only for Polly's GEMM pattern)."""
+        m, n, kk = self._dims(node, ins)
+        if packed_plan(m, n, kk):
+            return packed_temps(m, n, kk)
         t = []
         if node.attrs.get("transA", 0):
             t.append(TensorType((m, kk)))
@@ -206,21 +250,14 @@ class Gemm(Kernel):
         c = k.inputs[2] if len(k.inputs) > 2 else None
         alpha = float(k.attr("alpha", 1.0))
         beta = float(k.attr("beta", 1.0))
-        temps = iter(k.temps)
-        if k.attr("transA", 0):
-            a_t = next(temps)
-            transpose_into(k, a, a_t)
-            a = a_t
         if beta == 0.0:
             c = None  # no C term (also where C holds inf/nan, as onnxruntime)
-        if not k.attr("transB", 0):
-            gemm_nests(k, a, b, y)
-        elif y.shape[0] <= self.DOT_MAX_ROWS:
-            dot_nests(k, a, b, y)
-        else:
-            b_t = next(temps)
-            transpose_into(k, b, b_t)
-            gemm_nests(k, a, b_t, y)
+        m, n = y.shape
+        kk = a.shape[0] if k.attr("transA", 0) else a.shape[1]
+        if packed_plan(m, n, kk):
+            self._packed(k, a, b, c, y, alpha, beta)
+            return
+        self._plain(k, a, b, y)
         if alpha == 1.0 and c is None:
             return
         # y = alpha * y + beta * C, after the product (see the module docstring: not as the init)
@@ -232,6 +269,49 @@ class Gemm(Kernel):
                 cv = c.load(c.broadcast_index(ix))
                 v = k.b.fadd(v, cv if beta == 1.0 else k.b.fmul(cv, k.f32(beta)))
             y.store(ix, v)
+
+    @staticmethod
+    def _packed(k: KernelBuilder, a: Buffer, b: Buffer, c: Buffer | None, y: Buffer, alpha: float, beta: float) -> None:
+        """Through :mod:`polyml.codegen.gemm`: transposed operands packed in place, alpha and
+        beta·C applied to each register tile as its epilogue."""
+        m, n = y.shape
+        trans_a, trans_b = bool(k.attr("transA", 0)), bool(k.attr("transB", 0))
+        kk = a.shape[0] if trans_a else a.shape[1]
+        epilogue = None
+        if alpha != 1.0 or c is not None:
+            c_rows, c_cols = ((1,) * (2 - c.rank) + c.shape) if c is not None else (1, 1)
+
+            def epilogue(bld: ir.IRBuilder, ops, i, j, v):  # noqa: ANN001, ANN202
+                if alpha != 1.0:
+                    v = bld.fmul(v, ir.Constant(v.type, alpha))
+                if c is not None:
+                    row = i if c_rows > 1 else ir.Constant(i.type, 0)
+                    col = j if c_cols > 1 else ir.Constant(j.type, 0)
+                    idx = bld.add(bld.mul(row, ir.Constant(i.type, c_cols)), col)
+                    cv = bld.load(bld.gep(ops[2], [idx], inbounds=True))
+                    v = bld.fadd(v, cv if beta == 1.0 else bld.fmul(cv, ir.Constant(v.type, beta)))
+                return v
+
+        spec = packed.GemmSpec(m, n, kk, packed.matrix_loader(0, a.shape[1], trans_a),
+                               packed.matrix_loader(1, b.shape[1], trans_b), 3 if c is not None else 2,
+                               epilogue=epilogue)
+        packed_product(k, spec, [a, b, *([c] if c is not None else [])], y, k.temps[0])
+
+    def _plain(self, k: KernelBuilder, a: Buffer, b: Buffer, y: Buffer) -> None:
+        """Polly's GEMM pattern: operands read transposed are copied row-major first."""
+        temps = iter(k.temps)
+        if k.attr("transA", 0):
+            a_t = next(temps)
+            transpose_into(k, a, a_t)
+            a = a_t
+        if not k.attr("transB", 0):
+            gemm_nests(k, a, b, y)
+        elif y.shape[0] <= self.DOT_MAX_ROWS:
+            dot_nests(k, a, b, y)
+        else:
+            b_t = next(temps)
+            transpose_into(k, b, b_t)
+            gemm_nests(k, a, b_t, y)
 
 
 @register
@@ -260,6 +340,25 @@ class MatMul(Kernel):
         *_, out = self._plan(node, ins[0].type.shape, ins[1].type.shape)
         return [TensorType(out, ins[0].type.dtype)]
 
+    def _packed_dims(self, node: Node, sa: tuple[int, ...], sb: tuple[int, ...]) -> tuple[int, int, int] | None:
+        """(rows, N, K) of the one 2-D product when B is a single matrix and it is packed."""
+        batch, m, n, kk, _ = self._plan(node, sa, sb)
+        if int(np.prod(sb[:-2], dtype=np.int64)) != 1:
+            return None
+        rows = int(np.prod(batch, dtype=np.int64)) * m
+        return (rows, n, kk) if packed_plan(rows, n, kk) else None
+
+    def policy(self, node: Node, ins: list[Operand | None]) -> str:
+        return "off" if self._packed_dims(node, ins[0].type.shape, ins[1].type.shape) else self.polly
+
+    def describe(self, node: Node, ins: list[Operand | None], outs: list[TensorType]) -> str:
+        sa, sb = ins[0].type.shape, ins[1].type.shape
+        return f"{sa} @ {sb} {'packed' if self._packed_dims(node, sa, sb) else 'nests'}"
+
+    def temps(self, node: Node, ins: list[Operand | None], outs: list[TensorType]) -> list[TensorType]:
+        dims = self._packed_dims(node, ins[0].type.shape, ins[1].type.shape)
+        return packed_temps(*dims) if dims else []
+
     def lower(self, k: KernelBuilder) -> None:
         prefer_wide_vectors(k.fn)
         a, b, y = k.inputs[0], k.inputs[1], k.outputs[0]
@@ -268,7 +367,10 @@ class MatMul(Kernel):
             # B is one matrix: A's batch dims stack into M (row-major, same memory) -> one 2-D GEMM
             rows = int(np.prod(batch, dtype=np.int64)) * m
             a2, b2, y2 = view(k, a, (rows, kk)), view(k, b, (kk, n)), view(k, y, (rows, n))
-            if not parallel_gemm(k, a2, b2, y2):
+            if k.temps:  # packed_plan said yes (host lowering)
+                spec = packed.GemmSpec(rows, n, kk, packed.matrix_loader(0, kk), packed.matrix_loader(1, n), 2)
+                packed_product(k, spec, [a2, b2], y2, k.temps[0])
+            elif not parallel_gemm(k, a2, b2, y2):
                 gemm_nests(k, a2, b2, y2)
             return
         # batched B: for each batch index, C[b] = A[bcast(b)] @ B[bcast(b)] via a 2-D GEMM function

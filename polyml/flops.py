@@ -2,24 +2,28 @@
 
 from __future__ import annotations
 
-from polyml.graph import Graph
+from collections.abc import Mapping
+
+from polyml.graph import Graph, Node, TensorType
 
 
 def graph_flops(graph: Graph) -> float:
     """2 × multiply-adds of Conv, Gemm and MatMul nodes (the usual GFLOP convention)."""
-    total = 0.0
-    for n in graph.nodes:
-        if n.op_type == "Conv":
-            w = graph.types[n.inputs[1]].shape
-            total += 2.0 * graph.types[n.outputs[0]].size * w[1] * _prod(w[2:])
-        elif n.op_type == "Gemm":
-            a = graph.types[n.inputs[0]].shape
-            k = a[0] if n.attrs.get("transA", 0) else a[1]
-            total += 2.0 * graph.types[n.outputs[0]].size * k
-        elif n.op_type == "MatMul":
-            k = graph.types[n.inputs[0]].shape[-1]
-            total += 2.0 * graph.types[n.outputs[0]].size * k
-    return total
+    return sum(node_flops(graph.types, n) for n in graph.nodes)
+
+
+def node_flops(types: Mapping[str, TensorType], n: Node) -> float:
+    """2 × multiply-adds of one Conv, Gemm or MatMul node (0 for other ops)."""
+    if n.op_type == "Conv":
+        w = types[n.inputs[1]].shape
+        return 2.0 * types[n.outputs[0]].size * w[1] * _prod(w[2:])
+    if n.op_type == "Gemm":
+        a = types[n.inputs[0]].shape
+        k = a[0] if n.attrs.get("transA", 0) else a[1]
+        return 2.0 * types[n.outputs[0]].size * k
+    if n.op_type == "MatMul":
+        return 2.0 * types[n.outputs[0]].size * types[n.inputs[0]].shape[-1]
+    return 0.0
 
 
 def _prod(xs) -> int:

@@ -110,3 +110,32 @@ def test_summarize() -> None:
     s = benchmark.summarize({"a": [0.003, 0.001, 0.002], "b": [0.004]})
     assert s["a"] == {"median_ms": pytest.approx(2.0), "min_ms": pytest.approx(1.0), "max_ms": pytest.approx(3.0), "n": 3}
     assert s["b"]["median_ms"] == pytest.approx(4.0)
+
+
+def test_profile_times_every_op_function(tmp_path, capsys) -> None:
+    """``polyml bench --profile``: each op function timed alone through ``polyml_step``, with
+    the kernel's choice and its flop count, listed by the CLI and written to the JSON."""
+    import numpy as np
+    from onnx import TensorProto, helper
+
+    from polyml.compiler import compile as polyml_compile
+
+    rng = np.random.default_rng(0)
+    w = rng.standard_normal((32, 16, 1, 1)).astype(np.float32)
+    nodes = [helper.make_node("Conv", ["x", "w"], ["c"]), helper.make_node("MaxPool", ["c"], ["y"], kernel_shape=[2, 2])]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 16, 8, 8])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 32, 4, 4])],
+                              [helper.make_tensor("w", TensorProto.FLOAT, w.shape, w.ravel())])
+    path = tmp_path / "m.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), str(path))
+    compiled = polyml_compile(path, tmp_path / "build")
+    x = {"x": rng.standard_normal((1, 16, 8, 8)).astype(np.float32)}
+    rows = compiled.profile(x, repeat=3)
+    assert [r["op_type"] for r in rows] == ["Conv", "MaxPool"]
+    assert all(r["median_s"] > 0 for r in rows)
+    assert rows[0]["flops"] == 2.0 * 32 * 16 * 64 and "16->32" in rows[0]["detail"]
+    assert cli.main(["bench", str(tmp_path / "build"), "--repeat", "2", "--warmup", "0", "--settle", "0",
+                     "--profile", "5", "--json", str(tmp_path / "b.json")]) == 0
+    report = capsys.readouterr().out
+    assert "per op type" in report and "MaxPool" in report
+    assert len(json.loads((tmp_path / "b.json").read_text())["profile"]) == 2

@@ -151,3 +151,92 @@ def test_conv_rejects_negative_pads() -> None:
     model = node_model("Conv", {"x": (1, 3, 6, 6)}, initializers={"w": w}, pads=[-1, 0, 0, 0])
     with pytest.raises(UnsupportedError, match="negative pads"):
         from_onnx(model)
+
+
+# -- convolution as a packed GEMM (kernels/conv.py gemm mode, polyml/codegen/gemm.py) ----------
+
+GEMM_CASES = [
+    ((1, 16, 20, 20), (32, 16, 3, 3), {"pads": [1, 1, 1, 1]}),
+    ((1, 16, 21, 19), (24, 16, 3, 3), {"strides": [2, 2], "pads": [1, 0, 1, 2]}),
+    ((1, 8, 23, 25), (20, 8, 3, 2), {"dilations": [2, 3], "pads": [2, 1, 0, 3]}),
+    ((1, 64, 14, 14), (130, 64, 1, 1), {}),  # 1x1: x read as the B matrix in place
+    ((1, 64, 15, 15), (40, 64, 1, 1), {"strides": [2, 2]}),
+    ((1, 3, 40, 40), (16, 3, 7, 7), {"strides": [2, 2], "pads": [3, 3, 3, 3]}),
+]
+
+
+def _gemm_mode(xs: tuple[int, ...], ws: tuple[int, ...], attrs: dict) -> str:
+    from polyml.kernels.conv import _plan
+
+    from polyml.codegen import gemm as packed
+    from polyml.graph import TensorType
+
+    node = Node("c", "Conv", ["x", "w"], ["y"], dict(attrs))
+    with packed.packed_gemm(True, "gemm"):
+        return _plan(node, TensorType(xs), TensorType(ws)).mode
+
+
+@pytest.mark.parametrize("xs,ws,attrs", GEMM_CASES, ids=[_id(c) for c in GEMM_CASES])
+@pytest.mark.parametrize("threads", [1, 2])
+def test_conv_as_packed_gemm(xs, ws, attrs, threads) -> None:
+    """Eligible shapes take the gemm mode (``conv="gemm"``) and match onnxruntime with bias,
+    1 and 2 threads."""
+    assert _gemm_mode(xs, ws, attrs) == "gemm"
+    w, b = params(ws)
+    model = node_model("Conv", {"x": xs}, initializers={"w": w, "b": b}, **attrs)
+    errs = compile_and_compare(model, x_feed(xs), threads=threads, conv="gemm")
+    assert errs["y"] <= TOL, errs
+
+
+def test_conv_choice_by_shape() -> None:
+    """``auto`` takes the GEMM for wide 1x1 and strided 3x3 reductions, the direct nests for
+    unstrided 3x3 and 7x7/2 (scripts/bench_conv.py's measurements)."""
+    from polyml.kernels.conv import _plan
+
+    from polyml.codegen import gemm as packed
+    from polyml.graph import TensorType
+
+    def mode(xs, ws, attrs, conv="auto"):
+        with packed.packed_gemm(True, conv):
+            return _plan(Node("c", "Conv", ["x", "w"], ["y"], dict(attrs)), TensorType(xs), TensorType(ws)).mode
+
+    assert mode((1, 256, 28, 28), (128, 256, 1, 1), {}) == "gemm"
+    assert mode((1, 64, 56, 56), (64, 64, 1, 1), {}) == "pointwise"  # K = 64: even, keeps the direct nest
+    assert mode((1, 256, 28, 28), (256, 256, 3, 3), {"strides": [2, 2], "pads": [1, 1, 1, 1]}) == "gemm"
+    assert mode((1, 64, 56, 56), (64, 64, 3, 3), {"pads": [1, 1, 1, 1]}) == "direct"
+    assert mode((1, 3, 224, 224), (64, 3, 7, 7), {"strides": [2, 2], "pads": [3, 3, 3, 3]}) == "phase"
+    assert mode((1, 256, 28, 28), (128, 256, 1, 1), {}, conv="direct") == "pointwise"
+    with packed.packed_gemm(False):
+        assert _plan(Node("c", "Conv", ["x", "w"], ["y"], {}), TensorType((1, 256, 28, 28)),
+                     TensorType((128, 256, 1, 1))).mode == "pointwise"
+
+
+def test_conv_gemm_fused_epilogue(tmp_path) -> None:
+    """Conv → BatchNorm → Add(residual) → Relu: the chain runs as the packed GEMM's tile
+    epilogue (no separate nest), numerically as onnxruntime."""
+    from onnx import TensorProto, helper
+
+    rng = np.random.default_rng(3)
+    c, m, h = 16, 32, 18
+    w = rng.standard_normal((m, c, 3, 3)).astype(np.float32)
+    scale, bias, mean = (rng.standard_normal(m).astype(np.float32) for _ in range(3))
+    var = rng.uniform(0.5, 2, m).astype(np.float32)
+    inits = [helper.make_tensor(n, TensorProto.FLOAT, a.shape, a.ravel()) for n, a in
+             (("w", w), ("s", scale), ("bb", bias), ("mu", mean), ("var", var))]
+    nodes = [helper.make_node("Conv", ["x", "w"], ["c"], pads=[1, 1, 1, 1]),
+             helper.make_node("BatchNormalization", ["c", "s", "bb", "mu", "var"], ["bn"]),
+             helper.make_node("Add", ["bn", "r"], ["sum"]),
+             helper.make_node("Relu", ["sum"], ["y"])]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, c, h, h]),
+                                           helper.make_tensor_value_info("r", TensorProto.FLOAT, [1, m, h, h])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, m, h, h])], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    feeds = {"x": rng.standard_normal((1, c, h, h)).astype(np.float32), "r": rng.standard_normal((1, m, h, h)).astype(np.float32)}
+    errs = compile_and_compare(model, feeds, conv="gemm")
+    assert errs["y"] <= TOL, errs
+    path = tmp_path / "m.onnx"
+    onnx.save(model, str(path))
+    compiled = polyml_compile(path, tmp_path / "build", emit=["ll"], conv="gemm")
+    assert compiled.manifest["loop_nests"] <= 2  # the GEMM (+ nothing for the chain)
+    ir_text = "".join(p.read_text() for p in (tmp_path / "build").glob("ops.off*.ll") if ".opt." not in p.name)
+    assert "polyml.ukernel." in ir_text

@@ -137,7 +137,7 @@ def test_gemm_transposed_weight_rows(m: int) -> None:
 def _optimized_ir(model: onnx.ModelProto, tmp_path: Path) -> tuple[str, object]:
     path = tmp_path / "model.onnx"
     onnx.save(model, str(path))
-    compiled = polyml_compile(path, tmp_path / "build", emit=["ll"])
+    compiled = polyml_compile(path, tmp_path / "build", emit=["ll"], gemm="polly")
     return "".join(p.read_text() for p in sorted((tmp_path / "build").glob("ops.polly*.opt.ll"))), compiled
 
 
@@ -152,7 +152,8 @@ def _optimized_ir(model: onnx.ModelProto, tmp_path: Path) -> tuple[str, object]:
     ids=["matmul", "batched", "gemm-transposed", "gemm-bias"],
 )
 def test_polly_gemm_pattern_applies(op: str, inputs: dict, attrs: dict, tmp_path: Path) -> None:
-    """The nests are in the form Polly's matmul optimizer rewrites: its packed arrays appear."""
+    """With ``gemm="polly"`` the nests are in the form Polly's matmul optimizer rewrites: its
+    packed arrays appear."""
     model = node_model(op, inputs, **attrs)
     ir, compiled = _optimized_ir(model, tmp_path)
     assert "Packed_A" in ir and "Packed_B" in ir
@@ -192,3 +193,62 @@ def test_matmul_row_blocks_parallel(sa: tuple[int, ...], sb: tuple[int, ...]) ->
     7's GEMM benchmark (its speed is measured by scripts/bench_gemm.py, not asserted here)."""
     inputs = {"a": sa, "b": sb}
     check(node_model("MatMul", inputs), feeds_for(inputs), threads=2)
+
+
+# -- polyml's packed GEMM (polyml/codegen/gemm.py) ------------------------------------------
+
+PACKED_CASES = [
+    # (op, inputs, attrs): edges in every dimension (rows % 12, cols % 32, K % kc), one thread share
+    ("MatMul", {"a": (13, 385), "b": (385, 33)}, {}),
+    ("MatMul", {"a": (100, 50), "b": (50, 70)}, {}),
+    ("MatMul", {"a": (257, 300), "b": (300, 200)}, {}),
+    ("MatMul", {"a": (3, 40, 64), "b": (64, 96)}, {}),  # batch rows stacked into one product
+    ("MatMul", {"a": (24, 800), "b": (800, 1000)}, {}),  # split by columns over threads
+    ("MatMul", {"a": (1000, 64), "b": (64, 40)}, {}),  # split by rows
+    ("Gemm", {"a": (40, 100), "b": (70, 40), "c": (70,)}, {"transA": 1, "transB": 1, "alpha": 0.5, "beta": 2.0}),
+    ("Gemm", {"a": (96, 80), "b": (80, 112), "c": (96, 1)}, {}),
+    ("Gemm", {"a": (96, 80), "b": (112, 80), "c": (96, 112)}, {"transB": 1}),
+    ("Gemm", {"a": (30, 80), "b": (80, 112)}, {"alpha": -1.0}),
+]
+
+
+@pytest.mark.parametrize("op,inputs,attrs", PACKED_CASES, ids=[f"{c[0]}-{'x'.join(map(str, c[1]['a']))}-{i}" for i, c in enumerate(PACKED_CASES)])
+@pytest.mark.parametrize("threads", [1, 2])
+def test_packed_gemm_matches_onnxruntime(op: str, inputs: dict, attrs: dict, threads: int) -> None:
+    check(node_model(op, inputs, **attrs), feeds_for(inputs), threads=threads)
+
+
+def test_packed_gemm_is_used_and_leaves_polly_out(tmp_path: Path) -> None:
+    """A large product is lowered by the packed GEMM: a micro-kernel of FMA vectors in a
+    module compiled without Polly, no Polly pattern arrays."""
+    model = node_model("MatMul", {"a": (64, 96), "b": (96, 128)})
+    path = tmp_path / "model.onnx"
+    onnx.save(model, str(path))
+    polyml_compile(path, tmp_path / "build", emit=["ll"])
+    before = "".join(p.read_text() for p in sorted((tmp_path / "build").glob("ops.off*.ll")) if ".opt." not in p.name)
+    assert "polyml.ukernel." in before and "llvm.fma.v" in before
+    assert not list((tmp_path / "build").glob("ops.polly*.ll"))
+
+
+def test_micro_kernel_ir_golden(golden: Path) -> None:
+    """The AVX-512 micro-kernel: a k loop of 12 x 2 FMA accumulators (pinned with FileCheck)."""
+    import llvmlite.ir as ir
+
+    from polyml.codegen.gemm import host_blocking, micro_kernel
+    from tests.conftest import filecheck
+
+    module = ir.Module("t")
+    blk = host_blocking("+avx512f,+fma", 48 << 10, 2 << 20)
+    assert (blk.mr, blk.nr, blk.width) == (12, 32, 16)
+    micro_kernel(module, blk, ["nounwind"])
+    filecheck(str(module), golden / "ukernel_avx512.ll.check")
+
+
+@pytest.mark.parametrize("features,expect", [("+avx512f,+fma", (12, 32, 16)), ("+avx2,+fma", (6, 16, 8)), ("+sse2", (4, 8, 4))])
+def test_host_blocking_by_vector_isa(features: str, expect: tuple[int, int, int]) -> None:
+    from polyml.codegen.gemm import host_blocking
+
+    blk = host_blocking(features, 48 << 10, 2 << 20)
+    assert (blk.mr, blk.nr, blk.width) == expect
+    assert blk.nr % blk.width == 0 and blk.mc % blk.mr == 0 and blk.nc % blk.nr == 0
+    assert blk.kc * blk.nr * 4 <= 48 << 10  # one B micro-panel fits L1

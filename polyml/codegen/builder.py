@@ -113,6 +113,8 @@ class KernelBuilder:
         self.inputs = inputs
         self.outputs = outputs
         self.temps = temps
+        #: compile-time arrays the kernel derived (:meth:`polyml.kernels.Kernel.constants`)
+        self.constants: list[Buffer] = []
         #: compile-time values of constant inputs (None where the input is computed)
         self.values = values
         self.in_types = in_types

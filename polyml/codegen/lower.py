@@ -32,11 +32,13 @@ import numpy as np
 from polyml.codegen.builder import I64, Buffer, KernelBuilder, pointer_type, sanitize
 from polyml.driver.toolchain import HostTarget
 from polyml.errors import PolymlError
+from polyml.flops import node_flops
 from polyml.graph import Graph, Node, TensorType
 from polyml.kernels import Kernel, Operand, registry
 
 ALIGN = 64
 ENTRY = "polyml_main"
+STEP_ENTRY = "polyml_step"
 
 
 @dataclass
@@ -66,6 +68,9 @@ class Step:
     policy: str
     slots: list[int]
     param_types: list[ir.Type]
+    #: what the kernel chose (shape, mode), for profiles and the manifest
+    detail: str = ""
+    flops: float = 0.0
 
 
 @dataclass
@@ -181,7 +186,19 @@ def plan_concat_in_place(graph: Graph, kernels: dict[str, Kernel]) -> tuple[dict
 
 
 def lower_graph(graph: Graph, target: HostTarget, chunks: int = 1, parallel: bool = False,
-                in_place_concat: bool = False, tile_bytes: int = 0) -> LoweredModel:
+                in_place_concat: bool = False, tile_bytes: int = 0, packed_gemm: bool = True,
+                conv: str = "auto") -> LoweredModel:
+    """:func:`_lower_graph` with products on polyml's packed GEMM (``packed_gemm``) or in
+    the plain form Polly's GEMM pattern matches; ``conv`` picks convolutions' algorithm
+    (:func:`polyml.codegen.gemm.conv_choice`)."""
+    from polyml.codegen.gemm import packed_gemm as packed_gemm_enabled
+
+    with packed_gemm_enabled(packed_gemm, conv):
+        return _lower_graph(graph, target, chunks, parallel, in_place_concat, tile_bytes)
+
+
+def _lower_graph(graph: Graph, target: HostTarget, chunks: int = 1, parallel: bool = False,
+                 in_place_concat: bool = False, tile_bytes: int = 0) -> LoweredModel:
     """Lower ``graph``; op functions of one policy are dealt round-robin into ``chunks`` modules
     so that ``opt`` can work on them in parallel. ``parallel`` lets kernels split their outer
     loops over OpenMP threads (:meth:`KernelBuilder.parallel_loop`). ``in_place_concat`` stores
@@ -215,10 +232,12 @@ def lower_graph(graph: Graph, target: HostTarget, chunks: int = 1, parallel: boo
     weight_chunks: list[bytes] = []
     weight_size = 0
 
-    def weight_slot(t: str) -> int:
+    def weight_slot(t: str, value: np.ndarray | None = None) -> int:
+        """The slot of constant ``t`` (a graph constant, or ``value`` a kernel derived)."""
         nonlocal weight_size
         if t not in slot_of:
-            data = np.ascontiguousarray(graph.constants[t], dtype=types[t].dtype).tobytes()
+            data = np.ascontiguousarray(graph.constants[t], dtype=types[t].dtype).tobytes() if value is None \
+                else np.ascontiguousarray(value).tobytes()
             slot_of[t] = len(slots)
             slots.append(Slot("weight", t, len(data), weight_size))
             padded = _align(len(data))
@@ -256,8 +275,11 @@ def lower_graph(graph: Graph, target: HostTarget, chunks: int = 1, parallel: boo
     def emit(node: Node, kernel: Kernel, in_names: list[str], in_types: list[TensorType | None], out_names: list[str], out_types: list[TensorType]) -> None:
         ops = [Operand(t, tt, graph.constants.get(t)) if t and tt else None for t, tt in zip(in_names, in_types)]
         temp_types = kernel.temps(node, ops, out_types)
+        derived = kernel.constants(node, ops)
         skip = {i for i, inplace in enumerate(node.attrs.get("in_place", [])) if inplace}  # Concat: already there
-        key = f"{kernel.polly}.{len(steps) % chunks}"
+        skip |= kernel.replaced_inputs(node, ops)
+        policy = kernel.policy(node, ops)
+        key = f"{policy}.{len(steps) % chunks}"
         module = modules.get(key)
         if module is None:
             module = modules[key] = new_module(f"polyml.{key}", target)
@@ -280,6 +302,9 @@ def lower_graph(graph: Graph, target: HostTarget, chunks: int = 1, parallel: boo
             params.append((s, tt, f"out{i}"))
         for i, tt in enumerate(temp_types):
             params.append((arena_slot(f"{node.label}#temp{i}@{len(steps)}", tt.nbytes), tt, f"temp{i}"))
+        const_types = [TensorType(tuple(a.shape), str(a.dtype)) for a in derived]
+        for i, (arr, tt) in enumerate(zip(derived, const_types)):
+            params.append((weight_slot(f"{node.label}#const{i}@{len(steps)}", arr), tt, f"const{i}"))
         ptypes = [pointer_type(tt) for _, tt, _ in params]
         fname = f"op{len(steps)}_{sanitize(node.label)}"
         fn = ir.Function(module, ir.FunctionType(ir.VoidType(), ptypes), fname)
@@ -302,13 +327,16 @@ def lower_graph(graph: Graph, target: HostTarget, chunks: int = 1, parallel: boo
                 kb.outputs.append(Buffer(kb, next(args), tt, t))
         for i, tt in enumerate(temp_types):
             kb.temps.append(Buffer(kb, next(args), tt, f"temp{i}"))
+        for i, tt in enumerate(const_types):
+            kb.constants.append(Buffer(kb, next(args), tt, f"const{i}"))
         kernel.lower(kb)
         kb.b.ret_void()
         nonlocal nests
         nests += kb.nests
         for s, _, _ in params:
             touch(s)
-        steps.append(Step(fname, node.label, node.op_type, kernel.polly, [s for s, _, _ in params], ptypes))
+        steps.append(Step(fname, node.label, node.op_type, policy, [s for s, _, _ in params], ptypes,
+                          kernel.describe(node, ops, out_types), node_flops(types, node)))
 
     copy = _Copy()
     for node in graph.nodes:
@@ -391,18 +419,37 @@ def _entry_module(steps: list[Step], nslots: int, target: HostTarget) -> ir.Modu
     fn.args[0].name = "table"
     b = ir.IRBuilder(fn.append_basic_block("entry"))
     declared: dict[str, ir.Function] = {}
-    for st in steps:
+
+    def call(st: Step, table: ir.Value) -> None:
         callee = declared.get(st.function)
         if callee is None:
             callee = ir.Function(m, ir.FunctionType(ir.VoidType(), st.param_types), st.function)
             declared[st.function] = callee
         args = []
         for slot, pty in zip(st.slots, st.param_types):
-            p = b.load(b.gep(fn.args[0], [ir.Constant(I64, slot)], inbounds=True))
+            p = b.load(b.gep(table, [ir.Constant(I64, slot)], inbounds=True))
             args.append(b.bitcast(p, pty))
         b.call(callee, args)
+
+    for st in steps:
+        call(st, fn.args[0])
     b.ret_void()
-    g = ir.GlobalVariable(m, ir.IntType(32), "polyml_num_slots")
-    g.initializer = ir.Constant(ir.IntType(32), nslots)
-    g.global_constant = True
+    # polyml_step(table, i): step i alone, for per-op profiles (polyml.runtime.model.profile)
+    step_fn = ir.Function(m, ir.FunctionType(ir.VoidType(), [i8p.as_pointer(), I64]), STEP_ENTRY)
+    set_target_attributes(step_fn, target)
+    b = ir.IRBuilder(step_fn.append_basic_block("entry"))
+    done = step_fn.append_basic_block("done")
+    switch = b.switch(step_fn.args[1], done)
+    for i, st in enumerate(steps):
+        case = step_fn.append_basic_block(f"step{i}")
+        switch.add_case(ir.Constant(I64, i), case)
+        b.position_at_end(case)
+        call(st, step_fn.args[0])
+        b.branch(done)
+    b.position_at_end(done)
+    b.ret_void()
+    for name, value in (("polyml_num_slots", nslots), ("polyml_num_steps", len(steps))):
+        g = ir.GlobalVariable(m, ir.IntType(32), name)
+        g.initializer = ir.Constant(ir.IntType(32), value)
+        g.global_constant = True
     return m

@@ -35,6 +35,8 @@ def _arguments(p: argparse.ArgumentParser) -> None:
     benchmark.add_options(p)
     p.add_argument("--inputs", default=None, help=".npz of inputs (default: seeded random data)")
     p.add_argument("--json", dest="json_file", default=None, help="write the results as JSON")
+    p.add_argument("--profile", type=int, default=0, metavar="N",
+                   help="also time each op function alone (polyml_step) and list the N slowest, with totals per op type")
     _add_build_options(p, outputs_flag="--output-names")
 
 
@@ -123,6 +125,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
             else:
                 runners[p] = tensorflow_runner(model_path, threads, feeds, list(compiled.outputs))
         times = measure(runners, args.warmup, args.repeat, args.block, args.settle)
+        profile = compiled.profile(feeds, repeat=max(3, args.repeat // 2)) if args.profile else None
     finally:
         if tmp is not None:
             tmp.cleanup()
@@ -144,8 +147,33 @@ def cmd_bench(args: argparse.Namespace) -> int:
     out.print(table)
     if flops:
         out.print(f"{flops / 1e9:.3f} GFLOP per run (Conv, Gemm, MatMul)")
+    if profile:
+        print_profile(profile, args.profile)
     if args.json_file:
         Path(args.json_file).write_text(json.dumps({"model": str(target), "gflop": flops / 1e9, "threads": threads,
                                                     "repeat": args.repeat, "warmup": args.warmup, "block": args.block,
-                                                    "settle_s": args.settle, "results": results}, indent=1))
+                                                    "settle_s": args.settle, "results": results,
+                                                    **({"profile": profile} if profile else {})}, indent=1))
     return 0
+
+
+def print_profile(rows: list[dict], top: int) -> None:
+    """The ``top`` slowest op functions and the time per op type (medians of step-by-step runs)."""
+    total = sum(r["median_s"] for r in rows) or 1.0
+    table = Table(title=f"per op (step by step, sum {total * 1e3:.2f} ms)")
+    for col in ("function", "op", "what", "ms", "GFLOP/s", "%"):
+        table.add_column(col, justify="left" if col in ("function", "op", "what") else "right")
+    for r in sorted(rows, key=lambda r: -r["median_s"])[:top]:
+        gflops = r.get("flops", 0.0) / r["median_s"] / 1e9 if r.get("flops") else None
+        table.add_row(r["function"], r["op_type"], r.get("detail", ""), f"{r['median_s'] * 1e3:.3f}",
+                      f"{gflops:.1f}" if gflops else "-", f"{100 * r['median_s'] / total:.1f}")
+    out.print(table)
+    by_type: dict[str, list[float]] = {}
+    for r in rows:
+        by_type.setdefault(r["op_type"], []).append(r["median_s"])
+    table = Table(title="per op type")
+    for col in ("op", "count", "ms", "%"):
+        table.add_column(col, justify="left" if col == "op" else "right")
+    for op, ts in sorted(by_type.items(), key=lambda kv: -sum(kv[1])):
+        table.add_row(op, str(len(ts)), f"{sum(ts) * 1e3:.3f}", f"{100 * sum(ts) / total:.1f}")
+    out.print(table)

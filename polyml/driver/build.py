@@ -122,7 +122,8 @@ def build_artifact(
     tiles = resolve_tiles(options.tile_sizes)
     t0 = time.perf_counter()
     lowered = lower_graph(graph, target, chunks=chunks, parallel=options.parallel and options.threads != 1,
-                          in_place_concat=options.fuse, tile_bytes=tiles.conv_bytes)
+                          in_place_concat=options.fuse, tile_bytes=tiles.conv_bytes, packed_gemm=options.gemm == "packed" and not options.import_jscop,
+                          conv=options.conv)
     if fusion is not None:  # the lowering decides Concat placement; its entries join the report
         fusion.groups.extend(lowered.concat_in_place)
         fusion.blocked.extend(lowered.concat_blocked)
@@ -243,7 +244,8 @@ def _manifest(graph: Graph, lowered: LoweredModel, options: flags.Options, model
         "intermediate_bytes": lowered.intermediate_bytes,
         "loop_nests": lowered.loop_nests,
         "functions": [
-            {"function": s.function, "node": s.node, "op_type": s.op_type, "policy": s.policy} for s in lowered.steps
+            {"function": s.function, "node": s.node, "op_type": s.op_type, "policy": s.policy, "detail": s.detail,
+             "flops": s.flops} for s in lowered.steps
         ],
         "seconds": seconds,
         "files": artifact.file_hashes(out),  # every file written (JSCoP included), sorted

@@ -19,6 +19,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from polyml.driver.toolchain import host_target
+from polyml.errors import PolymlError
 
 POLICIES = ("polly", "tile", "off")
 
@@ -105,6 +106,19 @@ class Options:
     #: cache tiling of the fused nests (:mod:`polyml.codegen.tiling`): ``auto`` (host caches),
     #: ``off``, or ``l1=48K,l2=2M,conv=1M``
     tile_sizes: str = "auto"
+    #: matrix products (MatMul, Gemm): ``packed`` — polyml's packed GEMM with a vector
+    #: micro-kernel (:mod:`polyml.codegen.gemm`); ``polly`` — nests for Polly's GEMM pattern
+    #: (also what the SCoP tools show, so builds with ``import_jscop`` use it)
+    gemm: str = "packed"
+    #: convolutions: ``auto`` (packed GEMM or direct nests by shape), ``gemm`` (the packed GEMM
+    #: wherever eligible), ``direct`` (the register-blocked nests)
+    conv: str = "auto"
+
+    def __post_init__(self) -> None:
+        if self.gemm not in ("packed", "polly"):
+            raise PolymlError(f"gemm={self.gemm!r}: expected 'packed' or 'polly'")
+        if self.conv not in ("auto", "gemm", "direct"):
+            raise PolymlError(f"conv={self.conv!r}: expected 'auto', 'gemm' or 'direct'")
 
     def to_json(self) -> dict:
         d = asdict(self)
@@ -140,9 +154,11 @@ def link_flags() -> list[str]:
 #: (``buildCanonicalicationPassesForNPM``), spelled as a pipeline: Polly sees every nest as the
 #: lowering emitted it, in rotated canonical form, before LICM, unrolling or loop-idiom can change
 #: it.  Export, detection and import all run Polly here, so region and statement names match.
+#: (``instcombine<no-verify-fixpoint>``: a pipeline that names instcombine makes LLVM 19 abort
+#: when one run leaves work for another, which the packed GEMM's block functions trigger.)
 SCOP_CANONICALIZE = (
-    "function(mem2reg,early-cse<memssa>,instcombine,simplifycfg,tailcallelim,simplifycfg,"
-    "reassociate,loop(loop-rotate),instcombine,loop(indvars))"
+    "function(mem2reg,early-cse<memssa>,instcombine<no-verify-fixpoint>,simplifycfg,tailcallelim,"
+    "simplifycfg,reassociate,loop(loop-rotate),instcombine<no-verify-fixpoint>,loop(indvars))"
 )
 #: statements and arrays named after LLVM values (``Stmt_<op>_L<level>_<loop>_body``,
 #: ``MemRef_in0``); one statement per basic block (Polly's default splits a block into

@@ -12,8 +12,10 @@ import ctypes
 import json
 import os
 import shutil
+import statistics
 import tempfile
 import threading
+import time
 from pathlib import Path
 
 import numpy as np
@@ -146,19 +148,49 @@ class CompiledModel:
             ready[name] = np.ascontiguousarray(a)
         return ready
 
+    def _bind(self, ready: dict[str, np.ndarray], outs: dict[str, np.ndarray]) -> None:
+        """Point the table's input, output and dynamic view slots at this run's arrays."""
+        for i, s in enumerate(self._slots):
+            if s["kind"] == "input":
+                self._table[i] = ready[s["name"]].ctypes.data
+            elif s["kind"] == "output":
+                self._table[i] = outs[s["name"]].ctypes.data
+        for i, parent, offset in self._dynamic_views:
+            self._table[i] = self._table[parent] + offset
+
     def run(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         ready = self.check_inputs(feeds)
         outs = {n: np.empty(shape, dtype) for n, (shape, dtype) in self.outputs.items()}
         with self._lock:
-            for i, s in enumerate(self._slots):
-                if s["kind"] == "input":
-                    self._table[i] = ready[s["name"]].ctypes.data
-                elif s["kind"] == "output":
-                    self._table[i] = outs[s["name"]].ctypes.data
-            for i, parent, offset in self._dynamic_views:
-                self._table[i] = self._table[parent] + offset
+            self._bind(ready, outs)
             self._main(self._table)
         return outs
+
+    def profile(self, feeds: dict[str, np.ndarray], repeat: int = 10) -> list[dict]:
+        """Median seconds of each op function: the steps run one by one through
+        ``polyml_step`` (same order, same buffers as :meth:`run`), ``repeat`` times.
+        Returns one row per step: function, node, op_type, policy, median_s."""
+        try:
+            step = self._lib.polyml_step
+        except AttributeError:
+            raise ModelFormatError(f"{self.dir}: model.so has no polyml_step (built by an older polyml)") from None
+        step.argtypes = [ctypes.POINTER(ctypes.c_void_p), ctypes.c_int64]
+        step.restype = None
+        functions = self.manifest["functions"]
+        if ctypes.c_int32.in_dll(self._lib, "polyml_num_steps").value != len(functions):
+            raise ModelFormatError(f"{self.dir}: model.so and manifest.json disagree on the number of steps")
+        ready = self.check_inputs(feeds)
+        outs = {n: np.empty(shape, dtype) for n, (shape, dtype) in self.outputs.items()}
+        times = [[] for _ in functions]
+        with self._lock:
+            self._bind(ready, outs)
+            self._main(self._table)  # warm-up
+            for _ in range(repeat):
+                for i in range(len(functions)):
+                    t = time.perf_counter()
+                    step(self._table, i)
+                    times[i].append(time.perf_counter() - t)
+        return [{**f, "median_s": statistics.median(ts)} for f, ts in zip(functions, times)]
 
     def __repr__(self) -> str:
         return f"CompiledModel({str(self.dir)!r}, inputs={list(self.inputs)}, outputs={list(self.outputs)})"

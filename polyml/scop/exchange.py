@@ -201,7 +201,8 @@ def model_sources(model: Path, work: Path, input_shapes: Mapping[str, tuple[int,
         from polyml.passes.fuse import FuseOperators
 
         graph, _ = FuseOperators().apply(graph)
-    lowered = lower_graph(graph, host_target(), chunks=chunks, parallel=parallel)
+    # products in the plain form (Polly's GEMM pattern): the packed GEMM's nests are not affine
+    lowered = lower_graph(graph, host_target(), chunks=chunks, parallel=parallel, packed_gemm=False)
     work.mkdir(parents=True, exist_ok=True)
     files = {}
     for name, module in lowered.modules.items():

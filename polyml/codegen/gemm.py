@@ -1,0 +1,506 @@
+"""Packed GEMM with a register-tiled vector micro-kernel, emitted as LLVM IR.
+
+``C[i][j] (+)= Σ_p A(i, p) · B(p, j)`` in BLIS's five loops.  In polyhedral terms this is the
+schedule Polly's GEMM pattern optimizer produces (tile i, j, p by the cache blocks
+``mc × nc × kc``, tile again by the register block ``mr × nr``, pack the two operand tiles into
+contiguous panels, unroll-and-jam the register tile), written out by polyml itself so that
+
+* the operands need not be plain arrays: ``A(i, p)`` and ``B(p, j)`` are callbacks emitting the
+  element's load, so a transposed operand, or a convolution's input read as its im2col matrix
+  (:mod:`polyml.kernels.conv`), is packed straight from where it lives, with no copy;
+* an epilogue (bias, activation, residual add) runs on each register tile of C right after its
+  last accumulation, while the tile is in L1;
+* the micro-kernel keeps ``mr × nr/w`` vector accumulators in registers (``<w x float>``
+  phis, one ``llvm.fma`` per accumulator and step of ``p``), sized from the host's vector
+  registers, and the cache blocks from the host's caches;
+* the rows or columns are split over OpenMP threads (each packs its own panels).
+
+Polly's pattern path cannot take these liberties (it matches only ``C[i][j] += A[i][k] *
+B[k][j]`` alone in its statement, and at LLVM 19 its tuned variant miscompiled large products,
+issue 7), so products that reach this module are compiled with the plain ``-O3`` policy.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from contextvars import ContextVar
+from dataclasses import dataclass, replace
+
+import llvmlite.ir as ir
+import numpy as np
+
+from polyml.codegen.builder import F32, I32, I64, Buffer, KernelBuilder
+
+F32P = F32.as_pointer()
+
+#: whether the lowering in progress may use the packed GEMM: only a host (CPU) lowering that
+#: asks for it (``Options.gemm``, :func:`polyml.codegen.lower.lower_graph`); the GPU lowering
+#: and the SCoP tools keep the plain nests.  Kernels ask :func:`enabled`.
+_ENABLED: ContextVar[tuple[bool, str]] = ContextVar("polyml_packed_gemm", default=(False, "auto"))
+
+
+def enabled() -> bool:
+    return _ENABLED.get()[0]
+
+
+def conv_choice() -> str:
+    """How convolutions choose between the packed GEMM and their direct nests: ``auto`` (by
+    shape, :func:`polyml.kernels.conv.prefer_gemm`), ``gemm`` (wherever eligible), ``direct``."""
+    return _ENABLED.get()[1]
+
+
+@contextmanager
+def packed_gemm(on: bool, conv: str = "auto") -> Iterator[None]:
+    """Within the block, kernels use the packed GEMM only if ``on``; convolutions as ``conv`` says."""
+    token = _ENABLED.set((on, conv))
+    try:
+        yield
+    finally:
+        _ENABLED.reset(token)
+
+#: ``load(builder, pointers, row, col) -> float``: one element of an operand, where ``pointers``
+#: are the block function's operand arguments (``float*``) and row/col ``i64`` values in range
+Loader = Callable[[ir.IRBuilder, Sequence[ir.Value], ir.Value, ir.Value], ir.Value]
+#: ``epilogue(builder, pointers, row, col, value) -> value``: applied to each final C element
+Epilogue = Callable[[ir.IRBuilder, Sequence[ir.Value], ir.Value, ir.Value, ir.Value], ir.Value]
+
+
+@dataclass(frozen=True)
+class Blocking:
+    """Register tile ``mr × nr`` (``nr`` a multiple of the vector width ``w``) and cache blocks."""
+
+    mr: int
+    nr: int
+    width: int
+    mc: int
+    kc: int
+    nc: int
+    fma: bool = True
+
+    @property
+    def vectors(self) -> int:
+        return self.nr // self.width
+
+
+def host_blocking(features: str, l1: int = 32 << 10, l2: int = 1 << 20) -> Blocking:
+    """The blocking for a CPU with these LLVM target features and data cache sizes (bytes).
+
+    AVX-512 (32 vector registers): a 12 × 32 tile, 24 zmm accumulators + 2 B vectors + 1
+    broadcast of A.  AVX2 (16 registers): 6 × 16, 12 ymm accumulators.  ``kc`` sizes one
+    ``kc × nr`` B micro-panel to L1, ``mc`` one ``mc × kc`` A block to a quarter of L2 and
+    ``nc`` the ``kc × nc`` B block to half of it.  Measured at 1024³ and 2048³ on the
+    development host (48 KiB L1, 2 MiB L2; 2 threads): kc 256-384 beat 192 by 5-10 %, mc
+    from 96 to 480 and nc from 512 to 1344 within noise (``POLYML_GEMM_BLOCKING`` overrides).
+    """
+    has = set(features.split(","))
+    if "+avx512f" in has:
+        mr, nr, w = 12, 32, 16
+    elif "+avx2" in has or "+avx" in has:
+        mr, nr, w = 6, 16, 8
+    else:
+        mr, nr, w = 4, 8, 4
+    kc = max(64, min(384, l1 // (4 * nr) // 16 * 16))
+    mc = max(mr, min(480, (l2 // 4) // (4 * kc) // mr * mr))
+    nc = max(nr, min(4096, (l2 // 2) // (4 * kc) // nr * nr))
+    return Blocking(mr, nr, w, mc, kc, nc, fma="+fma" in has or "+avx512f" in has)
+
+
+@dataclass
+class GemmSpec:
+    """One product ``C (M×N, row stride ldc) = A (M×K) · B (K×N)`` and how to read it."""
+
+    m: int
+    n: int
+    k: int
+    load_a: Loader
+    load_b: Loader
+    #: number of ``float*`` operand pointers the loaders and epilogue use (C excluded)
+    operands: int
+    ldc: int = 0
+    epilogue: Epilogue | None = None
+    #: operand 0 is A already in panel order (:func:`prepack_a`: a compile-time constant
+    #: re-laid out once, so the block function does not pack it)
+    prepacked_a: bool = False
+    #: makes the block function's builder (positioned in its new entry block); a kernel that
+    #: evaluates its epilogue with a :class:`KernelBuilder` of its own passes one here
+    make_builder: Callable[[ir.Function], ir.IRBuilder] | None = None
+
+    def __post_init__(self) -> None:
+        self.ldc = self.ldc or self.n
+
+
+def packing_floats(spec: GemmSpec, blk: Blocking, m_part: int, n_part: int) -> int:
+    """Floats of packing scratch one thread needs for an ``m_part × n_part`` share of C."""
+    kc = min(blk.kc, spec.k)
+    mc = _round_up(min(blk.mc, spec.m), blk.mr)  # the block function's layout: see there
+    nc = _round_up(min(blk.nc, n_part), blk.nr)
+    return (mc + nc) * kc + blk.mr * blk.nr
+
+
+def split(spec: GemmSpec, blk: Blocking, parts: int) -> tuple[str, int]:
+    """Split C over ``parts`` threads along rows ("m") or columns ("n"); returns (dim, share).
+
+    Each thread packs the operand panels its share reads, so a split along rows packs all of
+    B once per thread and a split along columns all of A: the split duplicates the smaller
+    operand (A costs nothing when it is pre-packed), provided the dimension has a register
+    tile for every thread.  Shares are whole tiles (multiples of ``mr`` or ``nr``), so only
+    the last share has partial tiles.  Measured on ResNet-50's strided 3x3 convolutions
+    (M = 128-512 channels, N = 49-784 positions): splitting M packed the im2col matrix twice.
+    """
+    tiles_m, tiles_n = math.ceil(spec.m / blk.mr), math.ceil(spec.n / blk.nr)
+    a_cost = 0 if spec.prepacked_a else spec.m
+    by_n = a_cost <= spec.n
+    if (tiles_n if by_n else tiles_m) < parts:
+        by_n = not by_n
+    if by_n:
+        return "n", _round_up(math.ceil(spec.n / parts), blk.nr)
+    return "m", _round_up(math.ceil(spec.m / parts), blk.mr)
+
+
+def _round_up(x: int, q: int) -> int:
+    return -(-x // q) * q
+
+
+def _c(v: int) -> ir.Constant:
+    return ir.Constant(I64, v)
+
+
+def _min(b: ir.IRBuilder, x: ir.Value, y: ir.Value) -> ir.Value:
+    return b.select(b.icmp_signed("<", x, y), x, y)
+
+
+@contextmanager
+def for_range(b: ir.IRBuilder, lo: ir.Value | int, hi: ir.Value | int, step: int = 1, name: str = "i") -> Iterator[ir.Value]:
+    """``for (iv = lo; iv < hi; iv += step)`` on a raw builder; yields ``iv``."""
+    lo, hi = (_c(v) if isinstance(v, int) else v for v in (lo, hi))
+    pre = b.block
+    header = b.append_basic_block(f"{name}.header")
+    body = b.append_basic_block(f"{name}.body")
+    exit_ = b.append_basic_block(f"{name}.exit")
+    b.branch(header)
+    b.position_at_end(header)
+    iv = b.phi(I64, name)
+    iv.add_incoming(lo, pre)
+    b.cbranch(b.icmp_signed("<", iv, hi), body, exit_)
+    b.position_at_end(body)
+    yield iv
+    nxt = b.add(iv, _c(step), flags=["nsw"])
+    iv.add_incoming(nxt, b.block)
+    b.branch(header)
+    b.position_at_end(exit_)
+
+
+def _function(module: ir.Module, name: str, args: Sequence[ir.Type], attrs: Sequence[str], wide: bool) -> ir.Function:
+    fn = ir.Function(module, ir.FunctionType(ir.VoidType(), list(args)), name)
+    for a in attrs:
+        set.add(fn.attributes, a)
+    if wide:
+        # explicit <16 x float> values are split into two ymm halves unless the function
+        # allows 512-bit legal types (x86 prefers 256 bits by default)
+        set.add(fn.attributes, '"prefer-vector-width"="512"')
+        set.add(fn.attributes, '"min-legal-vector-width"="512"')
+    return fn
+
+
+def micro_kernel(module: ir.Module, blk: Blocking, attrs: Sequence[str]) -> ir.Function:
+    """``ukernel(kc, Ap, Bp, C, ldc, accumulate)``: one ``mr × nr`` register tile of C.
+
+    ``Ap`` is an ``kc × mr`` packed A panel, ``Bp`` a ``kc × nr`` packed B panel; for each step
+    ``p`` the kernel loads ``nr/w`` vectors of B, broadcasts each of the ``mr`` A values and
+    accumulates ``mr · nr/w`` FMAs into vector registers; at the end it stores (or, with
+    ``accumulate``, adds) the tile into ``C`` with row stride ``ldc``.
+    """
+    name = f"polyml.ukernel.{blk.mr}x{blk.nr}"
+    existing = module.globals.get(name)
+    if existing is not None:
+        return existing
+    vec = ir.VectorType(F32, blk.width)
+    fn = _function(module, name, [I64, F32P, F32P, F32P, I64, ir.IntType(1)], attrs, blk.width == 16)
+    fn.linkage = "internal"
+    kc, ap, bp, c, ldc, accumulate = fn.args
+    for a in (ap, bp, c):
+        a.add_attribute("noalias")
+    b = ir.IRBuilder(fn.append_basic_block("entry"))
+    zero = ir.Constant(vec, [0.0] * blk.width)
+    undef_vec = ir.Constant(vec, None)
+    mask0 = ir.Constant(ir.VectorType(I32, blk.width), [0] * blk.width)
+    fma = None
+    if blk.fma:
+        fma_name = f"llvm.fma.v{blk.width}f32"
+        fma = module.globals.get(fma_name) or ir.Function(module, ir.FunctionType(vec, [vec, vec, vec]), fma_name)
+    entry = b.block
+    loop = b.append_basic_block("k.body")
+    done = b.append_basic_block("k.done")
+    b.cbranch(b.icmp_signed(">", kc, _c(0)), loop, done)
+    b.position_at_end(loop)
+    p = b.phi(I64, "p")
+    p.add_incoming(_c(0), entry)
+    accs = [[b.phi(vec, f"acc{r}.{v}") for v in range(blk.vectors)] for r in range(blk.mr)]
+    for row in accs:
+        for acc in row:
+            acc.add_incoming(zero, entry)
+    b_row = b.gep(bp, [b.mul(p, _c(blk.nr), flags=["nsw"])], inbounds=True)
+    b_vecs = [b.load(b.bitcast(b.gep(b_row, [_c(v * blk.width)], inbounds=True), vec.as_pointer()), align=4)
+              for v in range(blk.vectors)]
+    a_row = b.gep(ap, [b.mul(p, _c(blk.mr), flags=["nsw"])], inbounds=True)
+    new_accs = []
+    for r in range(blk.mr):
+        a_val = b.load(b.gep(a_row, [_c(r)], inbounds=True))
+        a_vec = b.shuffle_vector(b.insert_element(undef_vec, a_val, ir.Constant(I32, 0)), undef_vec, mask0)
+        row = []
+        for v in range(blk.vectors):
+            acc = accs[r][v]
+            if fma is not None:
+                row.append(b.call(fma, [a_vec, b_vecs[v], acc]))
+            else:
+                row.append(b.fadd(acc, b.fmul(a_vec, b_vecs[v])))
+        new_accs.append(row)
+    p_next = b.add(p, _c(1), flags=["nsw"])
+    p.add_incoming(p_next, loop)
+    for r in range(blk.mr):
+        for v in range(blk.vectors):
+            accs[r][v].add_incoming(new_accs[r][v], loop)
+    b.cbranch(b.icmp_signed("<", p_next, kc), loop, done)
+    b.position_at_end(done)
+    finals = [[b.phi(vec) for _ in range(blk.vectors)] for _ in range(blk.mr)]
+    for r in range(blk.mr):
+        for v in range(blk.vectors):
+            finals[r][v].add_incoming(zero, entry)
+            finals[r][v].add_incoming(new_accs[r][v], loop)
+    store_bb = b.block
+    add_bb = b.append_basic_block("c.add")
+    set_bb = b.append_basic_block("c.set")
+    b.cbranch(accumulate, add_bb, set_bb)
+    for bb, add in ((add_bb, True), (set_bb, False)):
+        b.position_at_end(bb)
+        for r in range(blk.mr):
+            c_row = b.gep(c, [b.mul(ldc, _c(r), flags=["nsw"])], inbounds=True)
+            for v in range(blk.vectors):
+                ptr = b.bitcast(b.gep(c_row, [_c(v * blk.width)], inbounds=True), vec.as_pointer())
+                val = finals[r][v]
+                if add:
+                    val = b.fadd(b.load(ptr, align=4), val)
+                b.store(val, ptr, align=4)
+        b.ret_void()
+    del store_bb
+    return fn
+
+
+def block_function(module: ir.Module, name: str, spec: GemmSpec, blk: Blocking, attrs: Sequence[str]) -> ir.Function:
+    """``block(operands..., C, scratch, m0, m1, n0, n1)``: ``C[m0:m1, n0:n1]`` by the five loops.
+
+    ``jc`` (columns by ``nc``) → ``pc`` (reduction by ``kc``; pack B's ``kc × nc`` block into
+    ``nr``-wide panels) → ``ic`` (rows by ``mc``; pack A's ``mc × kc`` block into ``mr``-high
+    panels) → ``jr`` → ``ir`` (register tiles: the micro-kernel).  Partial tiles at the edges
+    go through a stack tile and a guarded copy; the epilogue runs per tile after the last
+    ``pc`` block.
+    """
+    ukernel = micro_kernel(module, blk, attrs)
+    args = [F32P] * spec.operands + [F32P, F32P, I64, I64, I64, I64]
+    fn = _function(module, name, args, attrs, blk.width == 16)
+    fn.attributes.add("noinline")
+    *ops, c, scratch, m0, m1, n0, n1 = fn.args
+    for a in (*ops, c, scratch):
+        a.add_attribute("noalias")
+    b = spec.make_builder(fn) if spec.make_builder else ir.IRBuilder(fn.append_basic_block("entry"))
+    mr, nr = blk.mr, blk.nr
+    # scratch: [edge tile mr*nr][A block mc*kc][B block kc*nc] (nc bounded by the share)
+    kc_max = min(blk.kc, spec.k)
+    mc_pad = _round_up(min(blk.mc, spec.m), mr)
+    tile = scratch
+    a_pack = b.gep(scratch, [_c(mr * nr)], inbounds=True)
+    b_pack = b.gep(a_pack, [_c(mc_pad * kc_max)], inbounds=True)
+    ldc = _c(spec.ldc)
+
+    def c_addr(i: ir.Value, j: ir.Value) -> ir.Value:
+        return b.gep(c, [b.add(b.mul(i, ldc, flags=["nsw"]), j, flags=["nsw"])], inbounds=True)
+
+    n_blocks = b.sdiv(b.add(b.sub(n1, n0), _c(blk.nc - 1)), _c(blk.nc))
+    with for_range(b, 0, n_blocks, name="jc") as jcb:
+        jc = b.add(n0, b.mul(jcb, _c(blk.nc)))
+        nc = _min(b, _c(blk.nc), b.sub(n1, jc))
+        with for_range(b, 0, spec.k, blk.kc, name="pc") as pc:
+            kc = _min(b, _c(blk.kc), b.sub(_c(spec.k), pc))
+            first = b.icmp_signed("==", pc, _c(0))
+            last = b.icmp_signed("==", b.add(pc, kc), _c(spec.k))
+            # pack B[pc:pc+kc, jc:jc+nc] into nr-wide panels: Bp[jp][p][jj]; columns past the
+            # end read the last column (their results are never stored)
+            panels_n = b.sdiv(b.add(nc, _c(nr - 1)), _c(nr))
+            with for_range(b, 0, panels_n, name="pack_b.jp") as jp:
+                dst_panel = b.gep(b_pack, [b.mul(b.mul(jp, kc), _c(nr))], inbounds=True)
+                col0 = b.add(jc, b.mul(jp, _c(nr)))
+                whole = b.icmp_signed("<=", b.add(col0, _c(nr)), _c(spec.n))
+                with b.if_else(whole) as (then, otherwise):
+                    for clamp, branch in ((False, then), (True, otherwise)):
+                        with branch:  # whole panels copy runs of nr columns (vectorized)
+                            with for_range(b, 0, kc, name="pack_b.p") as p:
+                                dst = b.gep(dst_panel, [b.mul(p, _c(nr))], inbounds=True)
+                                row = b.add(pc, p)
+                                with for_range(b, 0, nr, name="pack_b.jj") as jj:
+                                    col = b.add(col0, jj)
+                                    if clamp:
+                                        col = _min(b, col, _c(spec.n - 1))
+                                    b.store(spec.load_b(b, ops, row, col), b.gep(dst, [jj], inbounds=True))
+            m_blocks = b.sdiv(b.add(b.sub(m1, m0), _c(blk.mc - 1)), _c(blk.mc))
+            with for_range(b, 0, m_blocks, name="ic") as icb:
+                ic = b.add(m0, b.mul(icb, _c(blk.mc)))
+                mc = _min(b, _c(blk.mc), b.sub(m1, ic))
+                panels_m = b.sdiv(b.add(mc, _c(mr - 1)), _c(mr))
+                if spec.prepacked_a:  # panels of rows ic.. in the kc block at pc: A + pc*Mpad + ic*kc
+                    a_block = b.gep(ops[0], [b.add(b.mul(pc, _c(_round_up(spec.m, mr))), b.mul(ic, kc))], inbounds=True)
+                else:
+                    a_block = a_pack
+                    _pack_a(b, spec, ops, a_pack, ic, pc, kc, panels_m, mr)
+                with for_range(b, 0, panels_n, name="jr") as jp:
+                    jr = b.mul(jp, _c(nr))
+                    cols = _min(b, _c(nr), b.sub(nc, jr))
+                    bp = b.gep(b_pack, [b.mul(jr, kc)], inbounds=True)
+                    with for_range(b, 0, panels_m, name="ir") as ipn:
+                        ir_ = b.mul(ipn, _c(mr))
+                        rows = _min(b, _c(mr), b.sub(mc, ir_))
+                        ap = b.gep(a_block, [b.mul(ir_, kc)], inbounds=True)
+                        i0 = b.add(ic, ir_)
+                        j0 = b.add(jc, jr)
+                        full = b.and_(b.icmp_signed("==", rows, _c(mr)), b.icmp_signed("==", cols, _c(nr)))
+                        with b.if_else(full) as (then, otherwise):
+                            with then:
+                                b.call(ukernel, [kc, ap, bp, c_addr(i0, j0), ldc, b.not_(first)])
+                            with otherwise:
+                                b.call(ukernel, [kc, ap, bp, tile, _c(nr), ir.Constant(ir.IntType(1), 0)])
+                                with for_range(b, 0, rows, name="edge.r") as r:
+                                    with for_range(b, 0, cols, name="edge.c") as cc:
+                                        t = b.load(b.gep(tile, [b.add(b.mul(r, _c(nr)), cc)], inbounds=True))
+                                        dst = c_addr(b.add(i0, r), b.add(j0, cc))
+                                        old = b.select(first, ir.Constant(F32, 0.0), b.load(dst))
+                                        b.store(b.fadd(old, t), dst)
+                        if spec.epilogue is not None:
+                            with b.if_then(last):
+                                with for_range(b, 0, rows, name="epi.r") as r:
+                                    i = b.add(i0, r)
+                                    with for_range(b, 0, cols, name="epi.c") as cc:
+                                        j = b.add(j0, cc)
+                                        dst = c_addr(i, j)
+                                        b.store(spec.epilogue(b, ops, i, j, b.load(dst)), dst)
+    b.ret_void()
+    return fn
+
+
+def _pack_a(b: ir.IRBuilder, spec: GemmSpec, ops: Sequence[ir.Value], a_pack: ir.Value, ic: ir.Value, pc: ir.Value,
+            kc: ir.Value, panels_m: ir.Value, mr: int) -> None:
+    """A[ic:ic+mc, pc:pc+kc] into mr-high panels ``Ap[ip][p][r]`` (rows past M repeat the last)."""
+    with for_range(b, 0, panels_m, name="pack_a.ip") as ip:
+        dst_panel = b.gep(a_pack, [b.mul(b.mul(ip, kc), _c(mr))], inbounds=True)
+        row0 = b.add(ic, b.mul(ip, _c(mr)))
+        with for_range(b, 0, mr, name="pack_a.r") as r:
+            row = _min(b, b.add(row0, r), _c(spec.m - 1))
+            with for_range(b, 0, kc, name="pack_a.p") as p:
+                v = spec.load_a(b, ops, row, b.add(pc, p))
+                b.store(v, b.gep(dst_panel, [b.add(b.mul(p, _c(mr)), r)], inbounds=True))
+
+
+def matrix_loader(index: int, ld: int, transposed: bool = False) -> Loader:
+    """Loader of a row-major matrix at operand ``index`` with leading dimension ``ld``
+    (``transposed``: element (r, c) is stored at ``[c][r]``)."""
+
+    def load(b: ir.IRBuilder, ops: Sequence[ir.Value], row: ir.Value, col: ir.Value) -> ir.Value:
+        r, c = (col, row) if transposed else (row, col)
+        return b.load(b.gep(ops[index], [b.add(b.mul(r, _c(ld), flags=["nsw"]), c, flags=["nsw"])], inbounds=True))
+
+    return load
+
+
+def emit_gemm(k: KernelBuilder, spec: GemmSpec, operands: Sequence[Buffer], c: Buffer, scratch: Buffer,
+              blk: Blocking, parts: int) -> None:
+    """Compute ``spec`` into ``c`` from the op function of ``k``: C's rows or columns split
+    into ``parts`` shares run by OpenMP threads (:meth:`KernelBuilder.parallel_loop`), each
+    through one call of the block function with its own slice of ``scratch``."""
+    dim, share = split(spec, blk, parts)
+    total = spec.m if dim == "m" else spec.n
+    count = math.ceil(total / share)
+    per = packing_floats(spec, blk, share if dim == "m" else spec.m, share if dim == "n" else spec.n)
+    if scratch.type.size < count * per:
+        raise AssertionError(f"{k.node.label}: GEMM scratch of {scratch.type.size} floats < {count} x {per}")
+    attrs = [a for a in k.fn.attributes if a != "noinline"]
+    fn = block_function(k.module, f"{k.fn.name}.gemm{k.nests}", spec, blk, attrs)
+    k.nests += 1
+    with k.parallel_loop(0, count, "gemm") as part:
+        b = k.b
+        lo = b.mul(part, _c(share), flags=["nsw"])
+        hi = _min(b, b.add(lo, _c(share)), _c(total))
+        ranges = [lo, hi, _c(0), _c(spec.n)] if dim == "m" else [_c(0), _c(spec.m), lo, hi]
+        ptrs = [b.bitcast(buf.ptr, F32P) for buf in (*operands, c)]
+        work = b.gep(b.bitcast(scratch.ptr, F32P), [b.mul(part, _c(per), flags=["nsw"])], inbounds=True)
+        b.call(fn, [*ptrs, work, *ranges])
+
+
+def scratch_floats(spec: GemmSpec, blk: Blocking, parts: int) -> int:
+    """Size of the ``scratch`` buffer :func:`emit_gemm` needs for at most ``parts`` shares,
+    whichever dimension :func:`split` picks (it depends on whether A is pre-packed)."""
+    sizes = []
+    for parts_ in range(1, parts + 1):
+        for dim, total, q in (("m", spec.m, blk.mr), ("n", spec.n, blk.nr)):
+            share = _round_up(math.ceil(total / parts_), q)
+            per = packing_floats(spec, blk, share if dim == "m" else spec.m, share if dim == "n" else spec.n)
+            sizes.append(math.ceil(total / share) * per)
+    return max(sizes)
+
+
+def blocking_for_host() -> Blocking:
+    """:func:`host_blocking` for this machine's target features and caches."""
+    from polyml.driver.flags import host_data_caches
+    from polyml.driver.toolchain import host_target
+
+    caches = host_data_caches()
+    l1 = caches.get(1, (32 << 10, 8))[0]
+    l2 = caches.get(2, (1 << 20, 16))[0]
+    blk = host_blocking(host_target().features, l1, l2)
+    override = os.environ.get("POLYML_GEMM_BLOCKING", "")
+    if override:  # experiments: "mr=12,nr=32,mc=480,kc=192,nc=1344" (any subset)
+        try:
+            fields = {key.strip(): int(v) for key, v in (item.split("=") for item in override.split(","))}
+            blk = replace(blk, **fields)
+        except (ValueError, TypeError) as e:
+            raise ValueError(f"POLYML_GEMM_BLOCKING={override!r}: expected mr=..,nr=..,mc=..,kc=..,nc=.. ({e})") from None
+        if blk.nr % blk.width or min(blk.mr, blk.nr, blk.mc, blk.kc, blk.nc) < 1:
+            raise ValueError(f"POLYML_GEMM_BLOCKING={override!r}: nr must be a multiple of {blk.width}, sizes positive")
+    return blk
+
+
+def im2col_loader(index: int, size: tuple[int, int], kernel: tuple[int, int], out_width: int,
+                  strides: tuple[int, int], dilations: tuple[int, int], pads: tuple[int, int]) -> Loader:
+    """Loader of a 2-D convolution's input ``x[C][H][W]`` (operand ``index``) as its im2col
+    matrix: row ``p = (c*KH + kh)*KW + kw``, column ``q = oh*OW + ow`` holds
+    ``x[c][oh*sh + kh*dh - ph][ow*sw + kw*dw - pw]``, 0 in the padding.  The packing loop calls
+    it, so the matrix is never stored."""
+    (h, w), (kh_, kw_), (sh, sw), (dh, dw), (ph, pw) = size, kernel, strides, dilations, pads
+
+    def load(b: ir.IRBuilder, ops: Sequence[ir.Value], row: ir.Value, col: ir.Value) -> ir.Value:
+        c = b.udiv(row, _c(kh_ * kw_))
+        tap = b.urem(row, _c(kh_ * kw_))
+        kh, kw = b.udiv(tap, _c(kw_)), b.urem(tap, _c(kw_))
+        oh, ow = b.udiv(col, _c(out_width)), b.urem(col, _c(out_width))
+        ih = b.add(b.mul(oh, _c(sh)), b.sub(b.mul(kh, _c(dh)), _c(ph)))
+        iw = b.add(b.mul(ow, _c(sw)), b.sub(b.mul(kw, _c(dw)), _c(pw)))
+        inside = b.and_(b.icmp_unsigned("<", ih, _c(h)), b.icmp_unsigned("<", iw, _c(w)))  # also ≥ 0
+        at = b.add(b.mul(c, _c(h * w)), b.add(b.mul(ih, _c(w)), iw))
+        at = b.select(inside, at, _c(0))
+        v = b.load(b.gep(ops[index], [at], inbounds=True))
+        return b.select(inside, v, ir.Constant(F32, 0.0))
+
+    return load
+
+
+def prepack_a(a: np.ndarray, blk: Blocking) -> np.ndarray:
+    """``A`` (M×K) in the order the block function reads packed A panels, for a constant A:
+    per ``kc`` block of columns, per ``mr`` rows (zero rows pad M), the panel ``[p][r]``.
+    Element ``(i, pc + p)`` lands at ``pc·Mpad + (i - i % mr)·kc_b + p·mr + i % mr``."""
+    m, k = a.shape
+    mp = _round_up(m, blk.mr)
+    padded = np.zeros((mp, k), np.float32)
+    padded[:m] = a
+    parts = [padded[:, pc:pc + blk.kc].reshape(mp // blk.mr, blk.mr, -1).transpose(0, 2, 1).ravel()
+             for pc in range(0, k, blk.kc)]
+    return np.concatenate(parts) if parts else np.zeros(0, np.float32)
