@@ -156,6 +156,7 @@ def cache_inputs(
 ) -> dict:
     """Everything a build's result depends on (the cache key is the hash of this);
     ``companions``: :func:`model_companions`."""
+    from polyml.codegen.gemm import blocking_for_host
     from polyml.driver.build import toolchain_versions
     from polyml.driver.toolchain import TOOLS, host_target, tool
 
@@ -179,6 +180,8 @@ def cache_inputs(
             "link": flags.link_flags(),
         },
         "polyml": {"version": __version__, "source_sha256": source_hash()},
+        # host caches and POLYML_GEMM_BLOCKING decide the packed GEMM's blocks
+        "gemm_blocking": dataclasses.asdict(blocking_for_host()),
     }
 
 

@@ -12,6 +12,7 @@ A failing tool leaves its input and the exact command under ``DIR/failed/`` for 
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import shlex
@@ -26,6 +27,7 @@ from typing import TYPE_CHECKING
 import llvmlite
 
 from polyml import __version__
+from polyml.codegen.gemm import blocking_for_host
 from polyml.codegen.lower import LoweredModel, lower_graph
 from polyml.driver import artifact, flags
 from polyml.driver.toolchain import host_target, tool, tool_version
@@ -243,6 +245,7 @@ def _manifest(graph: Graph, lowered: LoweredModel, options: flags.Options, model
         "weights_bytes": len(lowered.weights),
         "intermediate_bytes": lowered.intermediate_bytes,
         "loop_nests": lowered.loop_nests,
+        "gemm_blocking": dataclasses.asdict(blocking_for_host()),
         "functions": [
             {"function": s.function, "node": s.node, "op_type": s.op_type, "policy": s.policy, "detail": s.detail,
              "flops": s.flops} for s in lowered.steps
