@@ -330,11 +330,14 @@ def _gemm_scratch(node: Node, x: TensorType, w: TensorType, win: Window) -> Tens
     return TensorType((packed.scratch_floats(spec, blk, parts),))
 
 
-#: the smallest reduction (input channels x taps) for which the packed GEMM beats the direct
-#: nests: unstrided 1x1 convolutions, and strided ones with bigger kernels (their direct form
-#: goes through the phase-split copy)
+#: the packed GEMM beats the direct nests (scripts/bench_conv.py, ResNet-50's layers, 2 threads):
+#: unstrided 1x1 from this reduction size (input channels) on ...
 GEMM_MIN_K_POINTWISE = 128
-GEMM_MIN_K_STRIDED = 1024
+#: ... strided ones (1x1/2, 3x3/2) from this reduction (channels x taps) on ...
+GEMM_MIN_K_STRIDED = 512
+#: ... and unstrided 3x3 up to this many output positions (7x7 maps, where the direct nests'
+#: column blocks are mostly empty)
+GEMM_MAX_N_UNSTRIDED = 64
 
 
 def prefer_gemm(win: Window, m: int, kk: int) -> bool:
@@ -342,15 +345,19 @@ def prefer_gemm(win: Window, m: int, kk: int) -> bool:
 
     Measured per ResNet-50 layer with ``scripts/bench_conv.py`` (2 threads; table in
     docs/PERFORMANCE.md, "Convolution: direct or packed GEMM"): unstrided 1x1 with K >= 128
-    1.04-2.35x faster as GEMM, K = 64 even; strided 3x3 with K >= 1152 1.4-1.9x; unstrided
-    3x3 0.4-0.8x (the direct nests reuse each loaded input row across the taps, the im2col
-    packing pays a division per element), 7x7/2 0.4x, strided 1x1 0.8-0.9x.
+    1.04-2.35x faster as GEMM (K = 64 even); 3x3/2 with K >= 1152 1.5-3.2x, 1x1/2 1.0-1.1x;
+    unstrided 3x3 on 7x7 maps 1.3x, on 14x14-56x56 maps 0.5-0.9x (the direct nests reuse each
+    loaded input row across the taps); the 7x7/2 stem 0.8x.
     """
     pointwise = all(e == 1 for e in win.kernel)
     unstrided = all(s == 1 for s in win.strides)
     if pointwise and unstrided and not win.needs_copy():
         return kk >= GEMM_MIN_K_POINTWISE
-    return not pointwise and not unstrided and kk >= GEMM_MIN_K_STRIDED and max(win.kernel) <= 3
+    if max(win.kernel) > 3:
+        return False
+    if not unstrided:
+        return kk >= GEMM_MIN_K_STRIDED
+    return math.prod(win.out) <= GEMM_MAX_N_UNSTRIDED
 
 
 def _vector_ops(n: int, block: int) -> int:
@@ -462,7 +469,7 @@ class Conv(Kernel):
         from polyml.codegen import gemm as packed
 
         w = np.asarray(ins[1].value, np.float32)
-        return [packed.prepack_a(w.reshape(w.shape[0], -1), packed.blocking_for_host())]
+        return [packed.prepack_a(w.reshape(w.shape[0], -1), packed.blocking_for_host(), math.prod(w.shape[2:]))]
 
     def replaced_inputs(self, node: Node, ins: list[Operand | None]) -> set[int]:
         return {1} if self._prepacks(node, ins) else set()
@@ -558,10 +565,14 @@ def _convolve_gemm(k: KernelBuilder, plan: _Plan, scratch: Buffer) -> bool:
     win = plan.win
     m, n, kk = _gemm_spec_dims(x.type, k.in_types[1], win)
     y_flat = view(k, y, (1, m, n), "y_flat")
+    taps = math.prod(win.kernel)
+    pack_b = None
     if all(e == 1 for e in win.kernel) and all(s == 1 for s in win.strides) and not win.needs_copy():
         load_b = packed.matrix_loader(1, n)
     else:
         load_b = packed.im2col_loader(1, win.size, win.kernel, win.out[-1], win.strides, win.dilations, win.pads_begin)
+        pack_b = packed.im2col_packer(1, win.size, win.kernel, win.out[-1], n, win.strides, win.dilations,
+                                      win.pads_begin, packed.blocking_for_host().nr)
     prepacked = bool(k.constants)  # the weights in panel order (Conv.constants)
     operands: list[Buffer] = [k.constants[0] if prepacked else w, x]
     bias_at = None
@@ -604,7 +615,7 @@ def _convolve_gemm(k: KernelBuilder, plan: _Plan, scratch: Buffer) -> bool:
     has_epilogue = bias is not None or fused
     spec = packed.GemmSpec(m, n, kk, packed.matrix_loader(0, kk), load_b, len(operands),
                            epilogue=tile_epilogue if has_epilogue else None, make_builder=make_builder,
-                           prepacked_a=prepacked)
+                           prepacked_a=prepacked, kc_step=taps, pack_b=pack_b)
     packed_product(k, spec, operands, y_flat, scratch)
     return fused
 

@@ -121,6 +121,12 @@ class GemmSpec:
     operands: int
     ldc: int = 0
     epilogue: Epilogue | None = None
+    #: ``kc`` blocks are a multiple of this (a convolution's taps, so a block holds whole
+    #: input channels for :func:`im2col_packer`)
+    kc_step: int = 1
+    #: packs one ``kc × nr`` B panel instead of the element-wise loop over ``load_b``:
+    #: ``pack(builder, ops, dst_panel, pc, kc, col0)`` (columns past N may hold anything)
+    pack_b: Callable[..., None] | None = None
     #: operand 0 is A already in panel order (:func:`prepack_a`: a compile-time constant
     #: re-laid out once, so the block function does not pack it)
     prepacked_a: bool = False
@@ -132,9 +138,14 @@ class GemmSpec:
         self.ldc = self.ldc or self.n
 
 
+def block_kc(spec: GemmSpec, blk: Blocking) -> int:
+    """The reduction block of this product: ``blk.kc`` rounded down to ``spec.kc_step``."""
+    return max(spec.kc_step, blk.kc // spec.kc_step * spec.kc_step)
+
+
 def packing_floats(spec: GemmSpec, blk: Blocking, m_part: int, n_part: int) -> int:
     """Floats of packing scratch one thread needs for an ``m_part × n_part`` share of C."""
-    kc = min(blk.kc, spec.k)
+    kc = min(block_kc(spec, blk), spec.k)
     mc = _round_up(min(blk.mc, spec.m), blk.mr)  # the block function's layout: see there
     nc = _round_up(min(blk.nc, n_part), blk.nr)
     return (mc + nc) * kc + blk.mr * blk.nr
@@ -308,7 +319,8 @@ def block_function(module: ir.Module, name: str, spec: GemmSpec, blk: Blocking, 
     b = spec.make_builder(fn) if spec.make_builder else ir.IRBuilder(fn.append_basic_block("entry"))
     mr, nr = blk.mr, blk.nr
     # scratch: [edge tile mr*nr][A block mc*kc][B block kc*nc] (nc bounded by the share)
-    kc_max = min(blk.kc, spec.k)
+    kc_block = block_kc(spec, blk)
+    kc_max = min(kc_block, spec.k)
     mc_pad = _round_up(min(blk.mc, spec.m), mr)
     tile = scratch
     a_pack = b.gep(scratch, [_c(mr * nr)], inbounds=True)
@@ -322,8 +334,8 @@ def block_function(module: ir.Module, name: str, spec: GemmSpec, blk: Blocking, 
     with for_range(b, 0, n_blocks, name="jc") as jcb:
         jc = b.add(n0, b.mul(jcb, _c(blk.nc)))
         nc = _min(b, _c(blk.nc), b.sub(n1, jc))
-        with for_range(b, 0, spec.k, blk.kc, name="pc") as pc:
-            kc = _min(b, _c(blk.kc), b.sub(_c(spec.k), pc))
+        with for_range(b, 0, spec.k, kc_block, name="pc") as pc:
+            kc = _min(b, _c(kc_block), b.sub(_c(spec.k), pc))
             first = b.icmp_signed("==", pc, _c(0))
             last = b.icmp_signed("==", b.add(pc, kc), _c(spec.k))
             # pack B[pc:pc+kc, jc:jc+nc] into nr-wide panels: Bp[jp][p][jj]; columns past the
@@ -332,18 +344,10 @@ def block_function(module: ir.Module, name: str, spec: GemmSpec, blk: Blocking, 
             with for_range(b, 0, panels_n, name="pack_b.jp") as jp:
                 dst_panel = b.gep(b_pack, [b.mul(b.mul(jp, kc), _c(nr))], inbounds=True)
                 col0 = b.add(jc, b.mul(jp, _c(nr)))
-                whole = b.icmp_signed("<=", b.add(col0, _c(nr)), _c(spec.n))
-                with b.if_else(whole) as (then, otherwise):
-                    for clamp, branch in ((False, then), (True, otherwise)):
-                        with branch:  # whole panels copy runs of nr columns (vectorized)
-                            with for_range(b, 0, kc, name="pack_b.p") as p:
-                                dst = b.gep(dst_panel, [b.mul(p, _c(nr))], inbounds=True)
-                                row = b.add(pc, p)
-                                with for_range(b, 0, nr, name="pack_b.jj") as jj:
-                                    col = b.add(col0, jj)
-                                    if clamp:
-                                        col = _min(b, col, _c(spec.n - 1))
-                                    b.store(spec.load_b(b, ops, row, col), b.gep(dst, [jj], inbounds=True))
+                if spec.pack_b is not None:
+                    spec.pack_b(b, ops, dst_panel, pc, kc, col0)
+                else:
+                    _pack_b_panel(b, spec, ops, dst_panel, pc, kc, col0, nr)
             m_blocks = b.sdiv(b.add(b.sub(m1, m0), _c(blk.mc - 1)), _c(blk.mc))
             with for_range(b, 0, m_blocks, name="ic") as icb:
                 ic = b.add(m0, b.mul(icb, _c(blk.mc)))
@@ -386,6 +390,24 @@ def block_function(module: ir.Module, name: str, spec: GemmSpec, blk: Blocking, 
                                         b.store(spec.epilogue(b, ops, i, j, b.load(dst)), dst)
     b.ret_void()
     return fn
+
+
+def _pack_b_panel(b: ir.IRBuilder, spec: GemmSpec, ops: Sequence[ir.Value], dst_panel: ir.Value, pc: ir.Value,
+                  kc: ir.Value, col0: ir.Value, nr: int) -> None:
+    """B[pc:pc+kc, col0:col0+nr] into one panel ``Bp[p][jj]`` through ``load_b``; whole panels
+    copy runs of nr columns (vectorized), the last one reads the last column past N."""
+    whole = b.icmp_signed("<=", b.add(col0, _c(nr)), _c(spec.n))
+    with b.if_else(whole) as (then, otherwise):
+        for clamp, branch in ((False, then), (True, otherwise)):
+            with branch:  # whole panels copy runs of nr columns (vectorized)
+                with for_range(b, 0, kc, name="pack_b.p") as p:
+                    dst = b.gep(dst_panel, [b.mul(p, _c(nr))], inbounds=True)
+                    row = b.add(pc, p)
+                    with for_range(b, 0, nr, name="pack_b.jj") as jj:
+                        col = b.add(col0, jj)
+                        if clamp:
+                            col = _min(b, col, _c(spec.n - 1))
+                        b.store(spec.load_b(b, ops, row, col), b.gep(dst, [jj], inbounds=True))
 
 
 def _pack_a(b: ir.IRBuilder, spec: GemmSpec, ops: Sequence[ir.Value], a_pack: ir.Value, ic: ir.Value, pc: ir.Value,
@@ -493,14 +515,51 @@ def im2col_loader(index: int, size: tuple[int, int], kernel: tuple[int, int], ou
     return load
 
 
-def prepack_a(a: np.ndarray, blk: Blocking) -> np.ndarray:
+def prepack_a(a: np.ndarray, blk: Blocking, kc_step: int = 1) -> np.ndarray:
     """``A`` (M×K) in the order the block function reads packed A panels, for a constant A:
     per ``kc`` block of columns, per ``mr`` rows (zero rows pad M), the panel ``[p][r]``.
     Element ``(i, pc + p)`` lands at ``pc·Mpad + (i - i % mr)·kc_b + p·mr + i % mr``."""
     m, k = a.shape
     mp = _round_up(m, blk.mr)
+    kc = max(kc_step, blk.kc // kc_step * kc_step)  # block_kc
     padded = np.zeros((mp, k), np.float32)
     padded[:m] = a
-    parts = [padded[:, pc:pc + blk.kc].reshape(mp // blk.mr, blk.mr, -1).transpose(0, 2, 1).ravel()
-             for pc in range(0, k, blk.kc)]
+    parts = [padded[:, pc:pc + kc].reshape(mp // blk.mr, blk.mr, -1).transpose(0, 2, 1).ravel()
+             for pc in range(0, k, kc)]
     return np.concatenate(parts) if parts else np.zeros(0, np.float32)
+
+
+def im2col_packer(index: int, size: tuple[int, int], kernel: tuple[int, int], out_width: int, columns: int,
+                  strides: tuple[int, int], dilations: tuple[int, int], pads: tuple[int, int],
+                  nr: int) -> Callable[..., None]:
+    """Packs one B panel of a 2-D convolution's im2col matrix (see :func:`im2col_loader`)
+    straight from ``x[C][H][W]`` (operand ``index``), for ``kc`` blocks of whole input channels
+    (``GemmSpec.kc_step`` = taps).  Per panel column ``q`` the output position and the window's
+    corner are computed once; per tap (unrolled) the bounds check once; the innermost loop
+    runs over the block's channels, one load (0 in the padding), one store each.  The
+    element-wise loader pays two divisions and the bounds check per element."""
+    (h, w), (kh_, kw_), (sh, sw), (dh, dw), (ph, pw) = size, kernel, strides, dilations, pads
+    taps = kh_ * kw_
+
+    def pack(b: ir.IRBuilder, ops: Sequence[ir.Value], dst_panel: ir.Value, pc: ir.Value, kc: ir.Value,
+             col0: ir.Value) -> None:
+        x0 = b.gep(ops[index], [b.mul(b.udiv(pc, _c(taps)), _c(h * w))], inbounds=True)
+        channels = b.udiv(kc, _c(taps))
+        with for_range(b, 0, nr, name="im2col.jj") as jj:
+            q = _min(b, b.add(col0, jj), _c(columns - 1))
+            ih0 = b.sub(b.mul(b.udiv(q, _c(out_width)), _c(sh)), _c(ph))
+            iw0 = b.sub(b.mul(b.urem(q, _c(out_width)), _c(sw)), _c(pw))
+            for ky in range(kh_):
+                ih = b.add(ih0, _c(ky * dh))
+                row_in = b.icmp_unsigned("<", ih, _c(h))  # also ≥ 0
+                for kx in range(kw_):
+                    iw = b.add(iw0, _c(kx * dw))
+                    inside = b.and_(row_in, b.icmp_unsigned("<", iw, _c(w)))
+                    src = b.gep(x0, [b.select(inside, b.add(b.mul(ih, _c(w)), iw), _c(0))], inbounds=True)
+                    dst = b.gep(dst_panel, [b.add(_c((ky * kw_ + kx) * nr), jj)], inbounds=True)
+                    with for_range(b, 0, channels, name=f"im2col.c{ky}{kx}") as c:
+                        v = b.load(b.gep(src, [b.mul(c, _c(h * w))], inbounds=True))
+                        b.store(b.select(inside, v, ir.Constant(F32, 0.0)),
+                                b.gep(dst, [b.mul(c, _c(taps * nr))], inbounds=True))
+
+    return pack
