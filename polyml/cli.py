@@ -188,6 +188,8 @@ def _build_parser(p: argparse.ArgumentParser) -> None:
     p.add_argument("--target", choices=["cpu", "cuda"], default="cpu",
                    help="cpu: a shared object for this host (default); cuda: PTX kernels (docs/GPU.md)")
     p.add_argument("--sm", default="sm_90", help="with --target cuda: the GPU architecture of the PTX (default sm_90)")
+    p.add_argument("--shared-memory", action="store_true",
+                   help="with --target cuda: copy reused conv/matmul input tiles into shared memory (docs/GPU.md)")
     _add_build_options(p)
 
 

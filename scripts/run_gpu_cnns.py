@@ -8,6 +8,10 @@ host→device copy of the input and the device→host copy of the outputs.  Prin
 for docs/PERFORMANCE.md.
 
     python scripts/run_gpu_cnns.py [--models squeezenet,resnet50] [--repeat 20] [--sm sm_90] [--no-cpu]
+                                   [--shared-memory]
+
+``--shared-memory`` also builds each model with shared-memory promotion and adds its latency
+(and error) as a column.
 
 Needs a CUDA device, its driver and ``pip install 'polyml[cuda]'``; without them it exits with
 status 2 and says what is missing before compiling anything.
@@ -49,6 +53,7 @@ def main() -> int:
     ap.add_argument("--repeat", type=int, default=20)
     ap.add_argument("--sm", default="sm_90")
     ap.add_argument("--no-cpu", dest="cpu", action="store_false", help="skip the CPU build")
+    ap.add_argument("--shared-memory", action="store_true", help="also run the build with shared-memory promotion")
     args = ap.parse_args()
     try:
         require_device()
@@ -77,20 +82,31 @@ def main() -> int:
             ok = err < 1e-3
             failures += not ok
             gpu_ms = median_ms(gpu.run, feeds, args.repeat)
+            smem_ms = None
+            if args.shared_memory:
+                build_cuda_artifact(read_graph(path), work / f"{name}.smem", sm=args.sm, shared_memory=True)
+                smem = CudaModel(work / f"{name}.smem")
+                smem_err = max(rel_error(v, ref[k]) for k, v in smem.run(feeds).items() if k in ref)
+                failures += smem_err >= 1e-3
+                err = max(err, smem_err)
+                ok = ok and smem_err < 1e-3
+                smem_ms = median_ms(smem.run, feeds, args.repeat)
+                smem.close()
             cpu_ms = None
             if args.cpu:
                 cpu = polyml.compile(path, work / f"{name}.cpu")
                 cpu_ms = median_ms(cpu.run, feeds, args.repeat)
             ort_ms = median_ms(lambda f, s=sess: s.run(None, f), feeds, args.repeat)
-            rows.append((name, len(gpu.manifest["kernels"]), build_s, gpu_ms, cpu_ms, ort_ms, err, ok))
+            rows.append((name, len(gpu.manifest["kernels"]), build_s, gpu_ms, smem_ms, cpu_ms, ort_ms, err, ok))
             gpu.close()
             print(f"{name}: gpu {gpu_ms:.2f} ms, cpu {cpu_ms if cpu_ms is None else f'{cpu_ms:.2f}'} ms, "
                   f"max rel error {err:.2e} {'ok' if ok else 'MISMATCH'}", file=sys.stderr, flush=True)
-    print("| model | kernels | build s | polyml GPU ms | polyml CPU ms | onnxruntime CPU ms | max rel err |")
-    print("|---|---:|---:|---:|---:|---:|---:|")
-    for name, nk, bs, g, c, o, err, ok in rows:
+    print("| model | kernels | build s | polyml GPU ms | GPU shared-mem ms | polyml CPU ms | onnxruntime CPU ms | max rel err |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|")
+    for name, nk, bs, g, sm, c, o, err, ok in rows:
         cpu = "-" if c is None else f"{c:.2f}"
-        print(f"| {name} | {nk} | {bs:.1f} | {g:.2f} | {cpu} | {o:.2f} | {err:.1e}{'' if ok else ' ✗'} |")
+        smem = "-" if sm is None else f"{sm:.2f}"
+        print(f"| {name} | {nk} | {bs:.1f} | {g:.2f} | {smem} | {cpu} | {o:.2f} | {err:.1e}{'' if ok else ' ✗'} |")
     return 1 if failures else 0
 
 

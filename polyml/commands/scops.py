@@ -1,4 +1,7 @@
-"""``polyml scops MODEL``: every SCoP Polly finds, with dependences and isl AST, and what it rejected."""
+"""``polyml scops MODEL``: every SCoP Polly finds, with dependences and isl AST, and what it rejected.
+
+``--target cuda``: instead, the GPU mapping of every kernel (see :mod:`polyml.commands.gpu_map`).
+"""
 
 from __future__ import annotations
 
@@ -27,10 +30,21 @@ def _arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--input-shape", action="append", default=[], metavar="NAME=1x3x224x224",
                    help="fix the shape of a graph input with symbolic dimensions (repeatable)")
     p.add_argument("--outputs", dest="output_names", default=None, help="comma-separated output tensor names (TensorFlow)")
+    p.add_argument("--target", choices=["cpu", "cuda"], default="cpu",
+                   help="cuda: per kernel, which band loops became blockIdx/threadIdx, tiles, grid/block, loops "
+                        "left in the thread and shared-memory promotion (as polyml gpu-map)")
+    p.add_argument("--shared-memory", action="store_true", help="with --target cuda: map as build --shared-memory does")
 
 
 @command("scops", _arguments, "list the SCoPs of a model or .ll file: statements, accesses, dependences, AST")
 def cmd_scops(args: argparse.Namespace) -> int:
+    if args.target == "cuda":
+        from polyml.commands.gpu_map import show_gpu_mapping
+        from polyml.errors import PolymlError
+
+        if Path(args.model).suffix == ".ll" or args.after or args.write_jscop:
+            raise PolymlError("polyml scops --target cuda: give a model file (no .ll, --after or --write-jscop)")
+        return show_gpu_mapping(args)
     from polyml import passes
     from polyml.scop import dependences, legality, printer
     from polyml.scop import jscop as J

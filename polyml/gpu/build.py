@@ -20,6 +20,7 @@ from polyml import __version__
 from polyml.gpu import DEFAULT_SM, TRIPLE
 from polyml.gpu.lower import lower_graph_cuda
 from polyml.gpu.ptx import assemble, ptxas, to_ptx
+from polyml.gpu.shared import SHARED_BYTES
 from polyml.graph import Graph
 
 MANIFEST = "manifest.json"
@@ -28,8 +29,12 @@ PTX_DIR = "ptx"
 
 
 def build_cuda_artifact(graph: Graph, outdir: str | os.PathLike, sm: str = DEFAULT_SM, fuse: bool = True,
-                        check_ptxas: bool | None = None, model_sha256: str = "", source: dict | None = None) -> dict:
+                        check_ptxas: bool | None = None, model_sha256: str = "", source: dict | None = None,
+                        shared_memory: bool = False) -> dict:
     """Compile ``graph`` into PTX in ``outdir``; returns the manifest written there.
+
+    ``shared_memory``: promote reused input tiles of conv/matmul nests into shared memory
+    (:mod:`polyml.gpu.shared`, ``SHARED_BYTES`` per block).
 
     ``check_ptxas``: assemble every PTX file with ``ptxas -arch=<sm>`` (default: when ptxas is
     installed); the result is recorded in the manifest.
@@ -51,7 +56,7 @@ def build_cuda_artifact(graph: Graph, outdir: str | os.PathLike, sm: str = DEFAU
         graph, fusion = FuseOperators().apply(graph)
         seconds["fuse"] = time.perf_counter() - t0
     t0 = time.perf_counter()
-    low = lower_graph_cuda(graph)
+    low = lower_graph_cuda(graph, shared_bytes=SHARED_BYTES if shared_memory else 0)
     seconds["lower+map"] = time.perf_counter() - t0
     t0 = time.perf_counter()
     files: dict[str, str] = {}
@@ -82,10 +87,12 @@ def build_cuda_artifact(graph: Graph, outdir: str | os.PathLike, sm: str = DEFAU
         "weights_bytes": len(low.weights),
         "arena_bytes": low.arena_bytes,
         "kernels": [launch.to_json() for launch in low.launches],
+        "shared_memory_kernels": sum(1 for launch in low.launches if launch.mapping.shared is not None),
         "files": files,
         "fusion": fusion.to_json() if fusion is not None else None,
         "seconds": {k: round(v, 4) for k, v in seconds.items()},
-        "options": {"fuse": fuse, "sm": sm},
+        "options": {"fuse": fuse, "sm": sm, "shared_memory": shared_memory,
+                    "shared_bytes": SHARED_BYTES if shared_memory else 0},
     }
     (out / MANIFEST).write_text(json.dumps(manifest, indent=1) + "\n")
     return manifest

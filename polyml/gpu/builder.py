@@ -17,10 +17,22 @@ The same ``lower()`` runs twice:
 2. **mapped** (a :class:`~polyml.gpu.mapping.NestMapping` per nest): a mapped band loop
    ``for (i = lo; i < hi; ++i)`` becomes ``i = lo + blockIdx.a * T + threadIdx.a; if (i < hi)``,
    every other loop stays a loop inside the thread (reductions, sequential remainders).
+
+With a shared-memory plan (:mod:`polyml.gpu.shared`) the mapped run changes in three ways: the
+bound guards become *predicates* of each load and store (``select(i < hi, &A[..], &dummy)``), so
+that every thread of a block reaches the barriers; the reduction loop is strip-mined, and each
+tile starts with the cooperative copy of the promoted boxes into ``addrspace(3)`` between
+``llvm.nvvm.barrier0`` calls; and the reads of promoted arrays inside it load from shared memory.
+
+Calls of the outlined GEMM helper of :mod:`kernels.matmul` (``<op>.gemm2d(A, B, C)``, used per
+batch index of a batched MatMul) are inlined as one nest ``for i, j: C = -0; for k: C += A·B``,
+so the batch, ``i`` and ``j`` loops join the band and map onto the grid (``k`` stays in the thread).
 """
 
 from __future__ import annotations
 
+import math
+import re
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -28,7 +40,7 @@ from dataclasses import dataclass, field
 import llvmlite.ir as ir
 import numpy as np
 
-from polyml.codegen.builder import F32, I32, I64, Buffer, KernelBuilder
+from polyml.codegen.builder import F32, I32, I64, Buffer, KernelBuilder, pointer_type
 from polyml.errors import PolymlError
 from polyml.graph import Node, TensorType
 
@@ -78,6 +90,8 @@ class NestRecord:
     accesses: list[AccessRecord] = field(default_factory=list)
     #: reasons the accesses are not fully known (calls of non-intrinsic functions)
     opaque: list[str] = field(default_factory=list)
+    #: conditional branches the kernel emitted inside the nest (other than loop exits)
+    branches: int = 0
 
 
 @dataclass
@@ -111,15 +125,24 @@ class _TracingBuilder(ir.IRBuilder):
 
     def load(self, ptr, *args, **kwargs):  # noqa: ANN001, ANN201
         self.kb._access("read", ptr)
-        return super().load(ptr, *args, **kwargs)
+        promoted = self.kb._shared_load(ptr)
+        if promoted is not None:
+            return promoted
+        return super().load(self.kb._predicated(ptr), *args, **kwargs)
 
     def store(self, value, ptr, *args, **kwargs):  # noqa: ANN001, ANN201
         self.kb._access("write", ptr)
-        return super().store(value, ptr, *args, **kwargs)
+        return super().store(value, self.kb._predicated(ptr), *args, **kwargs)
+
+    def cbranch(self, cond, truebr, falsebr, *args, **kwargs):  # noqa: ANN001, ANN201
+        self.kb._branch(cond)
+        return super().cbranch(cond, truebr, falsebr, *args, **kwargs)
 
     def call(self, fn, args, *rest, **kwargs):  # noqa: ANN001, ANN201
         name = getattr(fn, "name", "")
         if not name.startswith("llvm."):
+            if self.kb._inline_call(fn, args):
+                return None
             self.kb._opaque(f"call of {name or 'an indirect function'}")
         return super().call(fn, args, *rest, **kwargs)
 
@@ -150,6 +173,11 @@ class GpuKernelBuilder(KernelBuilder):
         self._seq_ords: list[int] = [0]  # next schedule ordinal (loops and accesses) per level
         self._seq_path: list[int] = []
         self._ivs: dict[int, tuple[int, ...]] = {}  # id(phi) -> loop key
+        self._iv_val: dict[tuple[int, ...], ir.Value] = {}  # loop key -> its counter in this kernel
+        self._pred: ir.Value | None = None  # predicate of the enclosing mapped loops (shared mode)
+        self._region: dict | None = None  # root -> (array, shared global, origins) inside a promoted tile
+        self._dummies: dict[str, ir.Value] = {}
+        self._alloca_block: ir.Block | None = None
 
     # -- kernels ----------------------------------------------------------------------------
     @contextmanager
@@ -172,16 +200,24 @@ class GpuKernelBuilder(KernelBuilder):
         bufs = list(self._buffers)
         saved_ptrs = [buf.ptr for buf in bufs]
         self.fn = kfn
-        self.b.position_at_end(kfn.append_basic_block(f"{self.prefix}.k{index}.entry"))
+        mapping = (self.mappings or {}).get(index)
+        # shared mode: the predicates' dummy slots go in a block of their own before the entry
+        allocas = kfn.append_basic_block(f"{self.prefix}.k{index}.allocas") if getattr(mapping, "shared", None) else None
+        entry = kfn.append_basic_block(f"{self.prefix}.k{index}.entry")
+        self._alloca_block = allocas
+        self.b.position_at_end(entry)
         memo: dict[int, ir.Value] = {}
         for buf in bufs:
             buf.ptr = self._rederive(buf.ptr, kfn, memo)
         self._nest = NestRecord(index)
         self._loop_ords, self._seq_ords, self._seq_path = [0], [0], []
+        self._iv_val, self._pred, self._region, self._dummies = {}, None, None, {}
         self.kernels.append(KernelRecord(name, index, (self.mappings or {}).get(index)))
         try:
             yield
             self.b.ret_void()
+            if allocas is not None:
+                ir.IRBuilder(allocas).branch(entry)
         finally:
             self.records.append(self._nest)
             self._nest = None
@@ -246,14 +282,20 @@ class GpuKernelBuilder(KernelBuilder):
         self._seq_ords.append(0)
         mapping = self.kernels[-1].mapping
         axis = mapping.axis_of(key) if mapping is not None else None
+        plan = getattr(mapping, "shared", None)
         try:
-            if axis is None:
+            if plan is not None and key == plan.loop:
+                with self._promoted(lo, hi, name, key, plan, mapping) as iv:
+                    yield iv
+            elif axis is None:
                 with KernelBuilder.loop(self, lo, hi, name) as iv:
                     self._ivs[id(iv)] = key
+                    self._iv_val[key] = iv
                     yield iv
             else:
-                with self._mapped(lo, hi, name, axis, mapping.tile_of(key)) as iv:
+                with self._mapped(lo, hi, name, axis, mapping.tile_of(key), plan is not None) as iv:
                     self._ivs[id(iv)] = key
+                    self._iv_val[key] = iv
                     yield iv
         finally:
             self._loop_stack.pop()
@@ -268,17 +310,29 @@ class GpuKernelBuilder(KernelBuilder):
         return ir.IRBuilder.zext(self.b, ir.IRBuilder.call(self.b, fn, []), I64)
 
     @contextmanager
-    def _mapped(self, lo: int, hi: int, name: str, axis: int, tile: int) -> Iterator[ir.Value]:
-        """``i = lo + ctaid.a * tile + tid.a``; the body runs under ``if (i < hi)``."""
+    def _mapped(self, lo: int, hi: int, name: str, axis: int, tile: int, predicated: bool = False) -> Iterator[ir.Value]:
+        """``i = lo + ctaid.a * tile + tid.a``; the body runs under ``if (i < hi)``
+        (``predicated``: every thread runs it, ``i < hi`` joins the predicate of its memory accesses)."""
         b = self.b
         if self._depth == 0:
             self.nests += 1
         tag = f"{self.prefix}.L{self._depth}.{name}"
         point = b.add(b.mul(self.sreg("ctaid", axis), self.i64(tile)), self.sreg("tid", axis))
         iv = b.add(point, self.i64(lo), name=name) if lo else point
+        if predicated:
+            saved = self._pred
+            inside = b.icmp_signed("<", iv, self.i64(hi))
+            self._pred = inside if saved is None else b.and_(saved, inside)
+            self._depth += 1
+            try:
+                yield iv
+            finally:
+                self._depth -= 1
+                self._pred = saved
+            return
         body = b.append_basic_block(f"{tag}.{AXES[axis]}.body")
         exit_ = b.append_basic_block(f"{tag}.{AXES[axis]}.exit")
-        b.cbranch(b.icmp_signed("<", iv, self.i64(hi)), body, exit_)
+        ir.IRBuilder.cbranch(b, b.icmp_signed("<", iv, self.i64(hi)), body, exit_)
         b.position_at_end(body)
         self._depth += 1
         try:
@@ -288,7 +342,192 @@ class GpuKernelBuilder(KernelBuilder):
         self.b.branch(exit_)
         self.b.position_at_end(exit_)
 
+    # -- shared-memory promotion --------------------------------------------------------------
+    @contextmanager
+    def _raw_loop(self, lo: ir.Value, hi: ir.Value, name: str, step: int = 1) -> Iterator[ir.Value]:
+        """``for (iv = lo; iv < hi; iv += step)`` over IR values (our own code: not recorded)."""
+        b = self.b
+        tag = f"{self.prefix}.L{self._depth}.{name}"
+        pre = b.block
+        header = b.append_basic_block(f"{tag}.header")
+        body = b.append_basic_block(f"{tag}.body")
+        exit_ = b.append_basic_block(f"{tag}.exit")
+        b.branch(header)
+        b.position_at_end(header)
+        iv = b.phi(I64, name)
+        iv.add_incoming(lo, pre)
+        ir.IRBuilder.cbranch(b, b.icmp_signed("<", iv, hi), body, exit_)
+        b.position_at_end(body)
+        self._depth += 1
+        try:
+            yield iv
+        finally:
+            self._depth -= 1
+        iv.add_incoming(b.add(iv, self.i64(step), flags=["nuw", "nsw"]), b.block)
+        b.branch(header)
+        b.position_at_end(exit_)
+
+    def _barrier(self) -> None:
+        """``bar.sync 0``: every thread of the block waits here."""
+        fn = self.module.globals.get("llvm.nvvm.barrier0") or ir.Function(
+            self.module, ir.FunctionType(ir.VoidType(), []), "llvm.nvvm.barrier0")
+        ir.IRBuilder.call(self.b, fn, [])
+
+    def _affine_ir(self, form: dict, syms: dict) -> ir.Value:
+        """An affine form over the symbols of :mod:`polyml.gpu.shared` as i64 arithmetic."""
+        acc: ir.Value = self.i64(form.get(1, 0))
+        for s, c in form.items():
+            if s != 1 and c:
+                acc = self.b.add(acc, self.b.mul(syms[s], self.i64(c)))
+        return acc
+
+    @contextmanager
+    def _promoted(self, lo: int, hi: int, name: str, key: tuple[int, ...], plan, mapping) -> Iterator[ir.Value]:  # noqa: ANN001
+        """The reduction loop strip-mined by ``plan.tile``: per tile, copy each promoted box into
+        shared memory (all threads of the block), barrier, the tile's iterations, barrier."""
+        b = self.b
+        tk = plan.tile
+        with self._raw_loop(self.i64(0), self.i64(plan.tiles), f"{name}.tile") as q:
+            r0 = b.add(b.mul(q, self.i64(tk)), self.i64(lo), name=f"{name}.r0")
+            syms: dict = {("q",): q}
+            for k, kind in plan.kinds.items():
+                if kind == "fixed":
+                    syms[("f", k)] = self._iv_val[k]
+                elif kind == "grid":
+                    syms[("b", mapping.axes[k])] = self.sreg("ctaid", mapping.axes[k])
+            region = {}
+            for arr in plan.arrays:
+                smem = self._shared_array(arr)
+                origins = [self._affine_ir(o, syms) for o in arr.origin]
+                self._copy_box(arr, smem, origins, mapping.block)
+                region[arr.root] = (arr, smem, origins)
+            self._barrier()
+            end = b.add(r0, self.i64(tk))
+            if (hi - lo) % tk:
+                end = b.select(b.icmp_signed("<", end, self.i64(hi)), end, self.i64(hi))
+            with self._raw_loop(r0, end, name) as iv:
+                self._ivs[id(iv)] = key
+                self._iv_val[key] = iv
+                saved, self._region = self._region, region
+                try:
+                    yield iv
+                finally:
+                    self._region = saved
+            self._barrier()
+
+    def _shared_array(self, arr) -> ir.GlobalVariable:  # noqa: ANN001
+        gv = ir.GlobalVariable(self.module, ir.ArrayType(F32, arr.elems), f"{self.fn.name}.smem{arr.root}", addrspace=3)
+        gv.linkage = "internal"
+        gv.initializer = ir.Constant(gv.value_type, ir.Undefined)
+        gv.align = 16
+        return gv
+
+    def _copy_box(self, arr, smem: ir.GlobalVariable, origins: list[ir.Value], block: tuple[int, int, int]) -> None:  # noqa: ANN001
+        """``S[e] = A[Σ s_d (origin_d + e_d)]`` for every ``e`` of the box, ``e`` strided over the
+        block's threads (consecutive threads: consecutive elements of the last dimension);
+        offsets outside the buffer are skipped (never read, stored as 0)."""
+        b = self.b
+        tid = self.sreg("tid", 0)
+        if block[1] > 1 or block[2] > 1:
+            tid = b.add(tid, b.mul(self.i64(block[0]), b.add(self.sreg("tid", 1), b.mul(self.i64(block[1]), self.sreg("tid", 2)))))
+        base = b.bitcast(self.fn.args[arr.root], F32.as_pointer())
+        with self._raw_loop(tid, self.i64(arr.elems), f"cp{arr.root}", step=math.prod(block)) as e:
+            rest, digits = e, []
+            for d in range(len(arr.widths) - 1, -1, -1):
+                if d:
+                    digits.append(b.urem(rest, self.i64(arr.widths[d])))
+                    rest = b.udiv(rest, self.i64(arr.widths[d]))
+                else:
+                    digits.append(rest)
+            digits.reverse()
+            flat: ir.Value = self.i64(0)
+            for s, o, dg in zip(arr.strides, origins, digits):
+                flat = b.add(flat, b.mul(b.add(o, dg), self.i64(s)))
+            inside = b.and_(b.icmp_signed(">=", flat, self.i64(0)), b.icmp_signed("<", flat, self.i64(arr.size)))
+            v = ir.IRBuilder.load(b, ir.IRBuilder.gep(b, base, [b.select(inside, flat, self.i64(0))], inbounds=True))
+            v = b.select(inside, v, self.f32(0.0))
+            ir.IRBuilder.store(b, v, ir.IRBuilder.gep(b, smem, [self.i64(0), e], inbounds=True))
+
+    def _shared_load(self, ptr: ir.Value) -> ir.Value | None:
+        """Inside a promoted tile: the read of a promoted array from its shared box, else None."""
+        if self._region is None:
+            return None
+        root, off = self._address(ptr)
+        if root not in self._region or off is None:
+            return None
+        arr, smem, origins = self._region[root]
+        if {k: c for k, c in off.items() if k != 1 and c} != arr.linear or off.get(1, 0) not in arr.consts:
+            return None
+        b = self.b
+        index: ir.Value = self.i64(0)
+        last = len(arr.coeffs) - 1
+        digits = arr.digits(off.get(1, 0))
+        for d, (co, o, pitch) in enumerate(zip(arr.coeffs, origins, arr.pitches)):
+            sub: ir.Value = self.i64(digits[d] + (min(arr.consts) if d == last else 0))
+            for k, c in co.items():
+                sub = b.add(sub, b.mul(self._iv_val[k], self.i64(c)))
+            index = b.add(index, b.mul(b.sub(sub, o), self.i64(pitch)))
+        return ir.IRBuilder.load(b, ir.IRBuilder.gep(b, smem, [self.i64(0), index], inbounds=True))
+
+    def _predicated(self, ptr: ir.Value) -> ir.Value:
+        """``ptr``, or (outside the mapped loops' bounds) a private dummy of the same type."""
+        if self._pred is None:
+            return ptr
+        key = str(ptr.type)
+        if key not in self._dummies:
+            entry = ir.IRBuilder(self._alloca_block)
+            slot = entry.alloca(ptr.type.pointee)
+            entry.store(ir.Constant(ptr.type.pointee, None), slot)
+            self._dummies[key] = slot if slot.type == ptr.type else entry.bitcast(slot, ptr.type)
+        return self.b.select(self._pred, ptr, self._dummies[key])
+
+    # -- the outlined GEMM helper of kernels.matmul -------------------------------------------
+    def _inline_call(self, fn: ir.Value, args: Sequence[ir.Value]) -> bool:
+        """Emit a call of the GEMM helper as a nest of this kernel instead (see the module doc)."""
+        if self._nest is None or not isinstance(fn, ir.Function) or not re.search(r"\.gemm", fn.name) or len(args) != 3:
+            return False
+        dims = self._gemm_dims(fn, args)
+        if dims is None:
+            return False
+        m, n, kk = dims
+        tys = [TensorType((m, kk)), TensorType((kk, n)), TensorType((m, n))]
+        before = len(self._buffers)
+        a, bm, c = (Buffer(self, self.b.bitcast(v, pointer_type(t)), t, role) for v, t, role in zip(args, tys, "ABC"))
+        del self._buffers[before:]  # views of this call only: no kernel re-derives them
+        with self.loops([m, n], names=["gi", "gj"]) as (i, j):
+            c.store([i, j], self.f32(-0.0 if kk else 0.0))
+            if kk:
+                with self.loop(0, kk, "gk") as r:
+                    prod = self.fmul(a.load([i, r]), bm.load([r, j]), reassoc=True)
+                    c.store([i, j], self.fsum(c.load([i, j]), prod, reassoc=True))
+        fn.linkage = "internal"  # now unused: dropped from the PTX
+        return True
+
+    def _gemm_dims(self, fn: ir.Function, args: Sequence[ir.Value]) -> tuple[int, int, int] | None:
+        """(M, N, K) of a GEMM helper ``(A: MxK, B: KxN, C: MxN)``: N and K from its row
+        types, M from the array the caller's address of C steps into."""
+        ta, tb, tc = (a.type.pointee for a in fn.args)
+        if not all(isinstance(t, ir.ArrayType) and t.element == F32 for t in (ta, tb, tc)) or tb.count != tc.count:
+            return None
+        g = self._geps.get(id(args[2]))
+        if g is None or len(g[1]) < 2:
+            return None
+        t = g[0].type.pointee
+        for _ in g[1][1:-1]:
+            t = t.element if isinstance(t, ir.ArrayType) else None
+        if not isinstance(t, ir.ArrayType) or t.element != tc:
+            return None
+        return t.count, tc.count, ta.count
+
     # -- recording ----------------------------------------------------------------------------
+    def _branch(self, cond: ir.Value) -> None:
+        """Count a conditional branch of the kernel's code (a loop's exit test is not one)."""
+        if self._nest is None:
+            return
+        if getattr(cond, "opname", "") == "icmp" and isinstance(cond.operands[0], ir.PhiInstr):
+            return
+        self._nest.branches += 1
+
     def _opaque(self, why: str) -> None:
         if self._nest is not None and why not in self._nest.opaque:
             self._nest.opaque.append(why)

@@ -20,6 +20,7 @@ from polyml.errors import PolymlError
 from polyml.gpu import TRIPLE
 from polyml.gpu.builder import GpuKernelBuilder, GpuLoweringError, NestRecord
 from polyml.gpu.mapping import NestMapping, check_bijective, map_nest
+from polyml.gpu.shared import check_cover, map_nest_shared
 from polyml.graph import Graph, Node, TensorType
 from polyml.kernels import Kernel, Operand, registry
 
@@ -87,10 +88,12 @@ def new_module(name: str) -> ir.Module:
 
 def lower_op(node: Node, kernel: Kernel, ops: list[Operand | None], out_types: list[TensorType],
              temp_types: list[TensorType], fname: str, params: list[tuple[TensorType, str, str]],
-             verify: bool = True) -> tuple[ir.Module, list[tuple[str, NestMapping]], list[NestRecord]]:
+             verify: bool = True, shared_bytes: int = 0) -> tuple[ir.Module, list[tuple[str, NestMapping]], list[NestRecord]]:
     """Lower one node to an NVPTX module; returns it, (kernel, mapping) per nest, and the records.
 
     ``params``: (type, role, tensor name) of each buffer argument, inputs then outputs then temps.
+    ``shared_bytes`` > 0: promote reused input tiles into that much shared memory per block
+    (:mod:`polyml.gpu.shared`).
     """
 
     def run(module: ir.Module, mappings: dict[int, NestMapping] | None) -> GpuKernelBuilder:
@@ -119,10 +122,16 @@ def lower_op(node: Node, kernel: Kernel, ops: list[Operand | None], out_types: l
 
     sizes = [t.size for t, _, _ in params]
     recording = run(new_module(f"{fname}.record"), None)
-    mappings = {r.index: map_nest(r, sizes) for r in recording.records}
+    if shared_bytes:
+        shapes, dtypes, names = [t.shape for t, _, _ in params], [t.dtype for t, _, _ in params], [n for _, _, n in params]
+        mappings = {r.index: map_nest_shared(r, sizes, shapes, dtypes, shared_bytes, names) for r in recording.records}
+    else:
+        mappings = {r.index: map_nest(r, sizes) for r in recording.records}
     if verify:
         for m in mappings.values():
             check_bijective(m)
+            if m.shared is not None:
+                check_cover(m.shared, m)
     module = new_module(f"polyml.cuda.{fname}")
     mapped = run(module, mappings)
     if len(mapped.kernels) != len(recording.kernels):
@@ -130,8 +139,9 @@ def lower_op(node: Node, kernel: Kernel, ops: list[Operand | None], out_types: l
     return module, [(k.name, mappings[k.nest]) for k in mapped.kernels], recording.records
 
 
-def lower_graph_cuda(graph: Graph, verify: bool = True) -> CudaLowered:
-    """Lower ``graph`` for the device (see the module docstring)."""
+def lower_graph_cuda(graph: Graph, verify: bool = True, shared_bytes: int = 0) -> CudaLowered:
+    """Lower ``graph`` for the device (see the module docstring); ``shared_bytes`` > 0 turns on
+    shared-memory promotion with that budget per block."""
     kernels = registry()
     types = graph.types
     slots: list[Slot] = []
@@ -206,7 +216,7 @@ def lower_graph_cuda(graph: Graph, verify: bool = True) -> CudaLowered:
             pslots.append(len(slots) - 1)
         fname = f"op{step}_{sanitize(node.label)}"
         try:
-            module, ks, recs = lower_op(node, kernel, ops, out_types, temp_types, fname, params, verify)
+            module, ks, recs = lower_op(node, kernel, ops, out_types, temp_types, fname, params, verify, shared_bytes)
         except GpuLoweringError:
             raise
         except AssertionError as e:

@@ -47,6 +47,12 @@ class NestMapping:
     tiles: dict[tuple[int, ...], int] = field(default_factory=dict)
     names: dict[tuple[int, ...], str] = field(default_factory=dict)
     why_serial: str = ""
+    #: loops below the band (they run inside the thread), outermost first
+    inner: list[str] = field(default_factory=list)
+    #: shared-memory promotion (a :class:`polyml.gpu.shared.SharedPlan`), if one applies
+    shared: object | None = None
+    #: why a promotion that was asked for does not apply
+    shared_note: str = ""
 
     def axis_of(self, key: tuple[int, ...]) -> int | None:
         return self.axes.get(key)
@@ -81,8 +87,13 @@ class NestMapping:
             else:
                 entry["to"] = "loop"
             dims.append(entry)
-        return {"band": dims, "grid": list(self.grid), "block": list(self.block),
-                **({"serial": self.why_serial} if self.why_serial else {})}
+        out = {"band": dims, "grid": list(self.grid), "block": list(self.block), "inner_loops": list(self.inner),
+               **({"serial": self.why_serial} if self.why_serial else {})}
+        if self.shared is not None:
+            out["shared"] = self.shared.describe()
+        elif self.shared_note:
+            out["shared_note"] = self.shared_note
+        return out
 
 
 # -- the polyhedral model of a recorded nest ------------------------------------------------------
@@ -216,24 +227,27 @@ def _pow2ceil(n: int) -> int:
     return 1 << max(0, (n - 1).bit_length())
 
 
-def map_nest(rec: NestRecord, sizes: list[int], threads: int = THREADS) -> NestMapping:
-    """Decide the grid mapping of one nest (``sizes``: elements of each op buffer)."""
+def map_nest(rec: NestRecord, sizes: list[int], threads: int = THREADS, max_x: int | None = None) -> NestMapping:
+    """Decide the grid mapping of one nest (``sizes``: elements of each op buffer; ``max_x``:
+    cap on the x tile when another loop can take the rest of the block, for 2-D blocks)."""
     band = outer_band(rec)
     extents = {k: (rec.loops[k].lo, rec.loops[k].hi) for k in band}
     names = {k: rec.loops[k].name for k in band}
+    inner = [lp.name for k, lp in sorted(rec.loops.items()) if k not in band]
     if rec.opaque:
-        return NestMapping(band, [], extents, names=names, why_serial="; ".join(rec.opaque))
+        return NestMapping(band, [], extents, names=names, why_serial="; ".join(rec.opaque), inner=inner)
     if not band:
-        return NestMapping(band, [], extents, names=names, why_serial="no loop band encloses every statement")
+        return NestMapping(band, [], extents, names=names, why_serial="no loop band encloses every statement", inner=inner)
     par = coincident_loops(band, conflicts(rec, band, sizes))
-    m = NestMapping(band, par, extents, names=names)
+    m = NestMapping(band, par, extents, names=names, inner=inner)
     budget = threads
     axis = 0
     for key in reversed(par):
         if axis == 3:
             break
         lo, hi = extents[key]
-        tile = max(1, min(_pow2ceil(hi - lo), budget))
+        cap = max_x if axis == 0 and max_x and sum(1 for k in par if extents[k][1] - extents[k][0] > 1) > 1 else budget
+        tile = max(1, min(_pow2ceil(hi - lo), budget, cap))
         if -(-(hi - lo) // tile) > MAX_GRID[axis]:
             continue
         m.axes[key], m.tiles[key] = axis, tile
