@@ -332,7 +332,7 @@ def _gemm_scratch(node: Node, x: TensorType, w: TensorType, win: Window) -> Tens
 
 #: the packed GEMM beats the direct nests (scripts/bench_conv.py, ResNet-50's layers, 2 threads):
 #: unstrided 1x1 from this reduction size (input channels) on ...
-GEMM_MIN_K_POINTWISE = 128
+GEMM_MIN_K_POINTWISE = 64
 #: ... strided ones (1x1/2, 3x3/2) from this reduction (channels x taps) on ...
 GEMM_MIN_K_STRIDED = 512
 #: ... and unstrided 3x3 up to this many output positions (7x7 maps, where the direct nests'

@@ -12,6 +12,11 @@ import pytest
 
 GOLDEN = Path(__file__).parent / "golden"
 
+# The suite runs two workers on two cores: OpenMP threads that spin after each parallel region
+# (libgomp's default, which polyml keeps) would steal the other worker's core.
+if "OMP_WAIT_POLICY" not in os.environ:
+    os.environ.setdefault("GOMP_SPINCOUNT", "1000")
+
 
 def filecheck(text: str, check_file: Path) -> None:
     """Run the `filecheck` package (a Python FileCheck) on ``text`` against ``check_file``."""

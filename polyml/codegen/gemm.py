@@ -151,24 +151,38 @@ def packing_floats(spec: GemmSpec, blk: Blocking, m_part: int, n_part: int) -> i
     return (mc + nc) * kc + blk.mr * blk.nr
 
 
+#: cost of packing one operand element, in multiply-adds of the micro-kernel (a scalar copy,
+#: or for im2col a bounds check and a strided load, next to 1/16 of a vector FMA per MAC)
+PACK_COST_MACS = 32
+
+
 def split(spec: GemmSpec, blk: Blocking, parts: int) -> tuple[str, int]:
     """Split C over ``parts`` threads along rows ("m") or columns ("n"); returns (dim, share).
 
-    Each thread packs the operand panels its share reads, so a split along rows packs all of
-    B once per thread and a split along columns all of A: the split duplicates the smaller
-    operand (A costs nothing when it is pre-packed), provided the dimension has a register
-    tile for every thread.  Shares are whole tiles (multiples of ``mr`` or ``nr``), so only
-    the last share has partial tiles.  Measured on ResNet-50's strided 3x3 convolutions
-    (M = 128-512 channels, N = 49-784 positions): splitting M packed the im2col matrix twice.
+    Shares are whole register tiles (multiples of ``mr`` or ``nr``), so only the last share has
+    partial tiles.  Each thread packs the operand panels its share reads: a split along rows
+    packs all of B in every thread, one along columns all of A (nothing when A is pre-packed).
+    The split with the smaller cost of its busiest thread is taken: register tiles computed
+    (``mr·nr·K`` multiply-adds each, partial ones counted whole) plus elements packed
+    (:data:`PACK_COST_MACS` each).  Measured on ResNet-50's 1x1 convolutions on 14x14 maps
+    (N = 196 = 6 tiles + 4 columns): a column split gave threads 4 and 3 tiles.
     """
     tiles_m, tiles_n = math.ceil(spec.m / blk.mr), math.ceil(spec.n / blk.nr)
-    a_cost = 0 if spec.prepacked_a else spec.m
-    by_n = a_cost <= spec.n
-    if (tiles_n if by_n else tiles_m) < parts:
-        by_n = not by_n
-    if by_n:
-        return "n", _round_up(math.ceil(spec.n / parts), blk.nr)
-    return "m", _round_up(math.ceil(spec.m / parts), blk.mr)
+    tile_macs = blk.mr * blk.nr * spec.k
+    best = None
+    for dim, tiles, other in (("n", tiles_n, tiles_m), ("m", tiles_m, tiles_n)):
+        if tiles < parts and best is not None:
+            continue
+        per = math.ceil(tiles / parts)  # tiles in the busiest share
+        if dim == "n":
+            packed = per * blk.nr * spec.k + (0 if spec.prepacked_a else spec.m * spec.k)
+        else:
+            packed = spec.k * spec.n + (0 if spec.prepacked_a else per * blk.mr * spec.k)
+        cost = per * other * tile_macs + PACK_COST_MACS * packed
+        if best is None or cost < best[0]:
+            best = (cost, dim, per)
+    _, dim, per = best
+    return dim, per * (blk.nr if dim == "n" else blk.mr)
 
 
 def _round_up(x: int, q: int) -> int:

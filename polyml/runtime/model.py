@@ -24,13 +24,15 @@ from polyml.errors import InputError, ModelFormatError
 
 ALIGN = 64
 
-# GNU OpenMP's idle threads spin ~300k iterations before sleeping. polyml opens one short
-# parallel region per parallel nest, so on a machine whose cores are busy with other work the
-# spinning threads steal the cores the region needs (measured, squeezenet, 2 threads, one core
-# loaded by another process: 87 ms with the default, 8.5 ms with OMP_WAIT_POLICY=passive,
-# 10.9 ms with GOMP_SPINCOUNT=1000). A short spin is the default unless the user chose.
-if "OMP_WAIT_POLICY" not in os.environ and "GOMP_SPINCOUNT" not in os.environ:
-    os.environ["GOMP_SPINCOUNT"] = "1000"
+# GNU OpenMP's idle threads spin (GOMP_SPINCOUNT, 300k iterations by default) before they
+# sleep. polyml opens one parallel region per parallel nest, back to back, so on a machine whose
+# cores are free the spin keeps the workers awake between regions; a short spin makes every
+# region wake them through the kernel (measured, 2 threads, quiet host: squeezenet 4.55 ms with
+# libgomp's default vs 7.9 ms with GOMP_SPINCOUNT=1000, ResNet-50 41.4 vs 44.4 ms). On a host
+# whose cores are busy with other work the spin steals them instead (squeezenet with one core
+# loaded: median 9.1 ms, outliers to 96 ms; 8.3 ms steady with GOMP_SPINCOUNT=1000;
+# OMP_WAIT_POLICY=passive is the other choice there). polyml keeps libgomp's default; set
+# GOMP_SPINCOUNT or OMP_WAIT_POLICY for shared hosts (the test suite does).
 
 
 def aligned_empty(nbytes: int) -> np.ndarray:
