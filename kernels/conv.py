@@ -330,34 +330,23 @@ def _gemm_scratch(node: Node, x: TensorType, w: TensorType, win: Window) -> Tens
     return TensorType((packed.scratch_floats(spec, blk, parts),))
 
 
-#: the packed GEMM beats the direct nests (scripts/bench_conv.py, ResNet-50's layers, 2 threads):
-#: unstrided 1x1 from this reduction size (input channels) on ...
-GEMM_MIN_K_POINTWISE = 64
-#: ... strided ones (1x1/2, 3x3/2) from this reduction (channels x taps) on ...
-GEMM_MIN_K_STRIDED = 512
-#: ... and unstrided 3x3 up to this many output positions (7x7 maps, where the direct nests'
-#: column blocks are mostly empty)
-GEMM_MAX_N_UNSTRIDED = 64
+#: the packed GEMM beats the direct nests from this many weights (output x input channels x
+#: taps) on, and from this many output channels (below, the direct nests' register blocks are
+#: as good and the GEMM's packing is spread over too few output channels)
+GEMM_MIN_WEIGHTS = 8192
+GEMM_MIN_CHANNELS = 32
 
 
 def prefer_gemm(win: Window, m: int, kk: int) -> bool:
     """Whether the packed GEMM (im2col packed on the fly) beats the direct nests for this shape.
 
-    Measured per ResNet-50 layer with ``scripts/bench_conv.py`` (2 threads; table in
-    docs/PERFORMANCE.md, "Convolution: direct or packed GEMM"): unstrided 1x1 with K >= 128
-    1.04-2.35x faster as GEMM (K = 64 even); 3x3/2 with K >= 1152 1.5-3.2x, 1x1/2 1.0-1.1x;
-    unstrided 3x3 on 7x7 maps 1.3x, on 14x14-56x56 maps 0.5-0.9x (the direct nests reuse each
-    loaded input row across the taps); the 7x7/2 stem 0.8x.
+    Measured per shape, 2 threads, one conv+bias+relu model run back to back (table in
+    docs/PERFORMANCE.md, "Convolution: direct or packed GEMM"): every ResNet-50 layer is
+    1.08-1.8x faster as GEMM (3x3/1 1.08-1.25x, 3x3/2 2.4-3x, 1x1/2 1.4x, 1x1 64->256 1.8x,
+    the 7x7/2 stem 1.17x) except 1x1 64->64 (0.95x); small layers tie (3x3 32->32 at 112x112,
+    5x5 96->256) or lose (3x3 16->16, 0.94x).
     """
-    pointwise = all(e == 1 for e in win.kernel)
-    unstrided = all(s == 1 for s in win.strides)
-    if pointwise and unstrided and not win.needs_copy():
-        return kk >= GEMM_MIN_K_POINTWISE
-    if max(win.kernel) > 3:
-        return False
-    if not unstrided:
-        return kk >= GEMM_MIN_K_STRIDED
-    return math.prod(win.out) <= GEMM_MAX_N_UNSTRIDED
+    return m >= GEMM_MIN_CHANNELS and m * kk >= GEMM_MIN_WEIGHTS
 
 
 def _vector_ops(n: int, block: int) -> int:

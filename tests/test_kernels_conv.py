@@ -189,8 +189,8 @@ def test_conv_as_packed_gemm(xs, ws, attrs, threads) -> None:
 
 
 def test_conv_choice_by_shape() -> None:
-    """``auto`` takes the GEMM for wide 1x1, strided and 7x7-map 3x3 convolutions, the direct
-    nests for unstrided 3x3 on larger maps and 7x7/2 (scripts/bench_conv.py's measurements)."""
+    """``auto`` takes the GEMM from 8192 weights and 32 output channels on, the direct nests
+    for smaller convolutions (scripts/bench_conv.py's measurements)."""
     from polyml.kernels.conv import _plan
 
     from polyml.codegen import gemm as packed
@@ -201,12 +201,13 @@ def test_conv_choice_by_shape() -> None:
             return _plan(Node("c", "Conv", ["x", "w"], ["y"], dict(attrs)), TensorType(xs), TensorType(ws)).mode
 
     assert mode((1, 256, 28, 28), (128, 256, 1, 1), {}) == "gemm"
-    assert mode((1, 64, 56, 56), (64, 64, 1, 1), {}) == "pointwise"  # K = 64: even, keeps the direct nest
-    assert mode((1, 256, 28, 28), (256, 256, 3, 3), {"strides": [2, 2], "pads": [1, 1, 1, 1]}) == "gemm"
-    assert mode((1, 64, 56, 56), (64, 64, 3, 3), {"pads": [1, 1, 1, 1]}) == "direct"
-    assert mode((1, 512, 7, 7), (512, 512, 3, 3), {"pads": [1, 1, 1, 1]}) == "gemm"
+    assert mode((1, 64, 56, 56), (256, 64, 1, 1), {}) == "gemm"
+    assert mode((1, 64, 56, 56), (64, 64, 1, 1), {}) == "pointwise"  # 4096 weights: direct
+    assert mode((1, 64, 56, 56), (64, 64, 3, 3), {"pads": [1, 1, 1, 1]}) == "gemm"
+    assert mode((1, 16, 56, 56), (16, 16, 3, 3), {"pads": [1, 1, 1, 1]}) == "direct"
+    assert mode((1, 3, 224, 224), (64, 3, 7, 7), {"strides": [2, 2], "pads": [3, 3, 3, 3]}) == "gemm"
     assert mode((1, 1024, 14, 14), (2048, 1024, 1, 1), {"strides": [2, 2]}) == "gemm"
-    assert mode((1, 3, 224, 224), (64, 3, 7, 7), {"strides": [2, 2], "pads": [3, 3, 3, 3]}) == "phase"
+    assert mode((1, 64, 56, 56), (64, 64, 3, 3), {"pads": [1, 1, 1, 1]}, conv="direct") == "direct"
     assert mode((1, 256, 28, 28), (128, 256, 1, 1), {}, conv="direct") == "pointwise"
     with packed.packed_gemm(False):
         assert _plan(Node("c", "Conv", ["x", "w"], ["y"], {}), TensorType((1, 256, 28, 28)),

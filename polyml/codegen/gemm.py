@@ -154,6 +154,8 @@ def packing_floats(spec: GemmSpec, blk: Blocking, m_part: int, n_part: int) -> i
 #: cost of packing one operand element, in multiply-adds of the micro-kernel (a scalar copy,
 #: or for im2col a bounds check and a strided load, next to 1/16 of a vector FMA per MAC)
 PACK_COST_MACS = 32
+#: elements of a pre-packed operand read for the cost of one packed element
+READ_PER_PACK = 4
 
 
 def split(spec: GemmSpec, blk: Blocking, parts: int) -> tuple[str, int]:
@@ -174,10 +176,13 @@ def split(spec: GemmSpec, blk: Blocking, parts: int) -> tuple[str, int]:
         if tiles < parts and best is not None:
             continue
         per = math.ceil(tiles / parts)  # tiles in the busiest share
+        # a pre-packed A is not packed but still streamed from memory by every thread
+        a_all = spec.m * spec.k // (READ_PER_PACK if spec.prepacked_a else 1)
+        a_share = per * blk.mr * spec.k // (READ_PER_PACK if spec.prepacked_a else 1)
         if dim == "n":
-            packed = per * blk.nr * spec.k + (0 if spec.prepacked_a else spec.m * spec.k)
+            packed = per * blk.nr * spec.k + a_all
         else:
-            packed = spec.k * spec.n + (0 if spec.prepacked_a else per * blk.mr * spec.k)
+            packed = spec.k * spec.n + a_share
         cost = per * other * tile_macs + PACK_COST_MACS * packed
         if best is None or cost < best[0]:
             best = (cost, dim, per)
@@ -386,6 +391,8 @@ def block_function(module: ir.Module, name: str, spec: GemmSpec, blk: Blocking, 
                         with b.if_else(full) as (then, otherwise):
                             with then:
                                 b.call(ukernel, [kc, ap, bp, c_addr(i0, j0), ldc, b.not_(first)])
+                                # constant bounds: LLVM vectorizes the epilogue along the tile's row
+                                _tile_epilogue(b, spec, ops, last, i0, j0, _c(mr), _c(nr), c_addr)
                             with otherwise:
                                 b.call(ukernel, [kc, ap, bp, tile, _c(nr), ir.Constant(ir.IntType(1), 0)])
                                 with for_range(b, 0, rows, name="edge.r") as r:
@@ -394,16 +401,23 @@ def block_function(module: ir.Module, name: str, spec: GemmSpec, blk: Blocking, 
                                         dst = c_addr(b.add(i0, r), b.add(j0, cc))
                                         old = b.select(first, ir.Constant(F32, 0.0), b.load(dst))
                                         b.store(b.fadd(old, t), dst)
-                        if spec.epilogue is not None:
-                            with b.if_then(last):
-                                with for_range(b, 0, rows, name="epi.r") as r:
-                                    i = b.add(i0, r)
-                                    with for_range(b, 0, cols, name="epi.c") as cc:
-                                        j = b.add(j0, cc)
-                                        dst = c_addr(i, j)
-                                        b.store(spec.epilogue(b, ops, i, j, b.load(dst)), dst)
+                                _tile_epilogue(b, spec, ops, last, i0, j0, rows, cols, c_addr)
     b.ret_void()
     return fn
+
+
+def _tile_epilogue(b: ir.IRBuilder, spec: GemmSpec, ops: Sequence[ir.Value], last: ir.Value, i0: ir.Value,
+                   j0: ir.Value, rows: ir.Value, cols: ir.Value, c_addr: Callable[[ir.Value, ir.Value], ir.Value]) -> None:
+    """After the tile's last ``kc`` block: ``C[i][j] = epilogue(C[i][j])`` over its rows x cols."""
+    if spec.epilogue is None:
+        return
+    with b.if_then(last):
+        with for_range(b, 0, rows, name="epi.r") as r:
+            i = b.add(i0, r)
+            with for_range(b, 0, cols, name="epi.c") as cc:
+                j = b.add(j0, cc)
+                dst = c_addr(i, j)
+                b.store(spec.epilogue(b, ops, i, j, b.load(dst)), dst)
 
 
 def _pack_b_panel(b: ir.IRBuilder, spec: GemmSpec, ops: Sequence[ir.Value], dst_panel: ir.Value, pc: ir.Value,
@@ -548,17 +562,24 @@ def im2col_packer(index: int, size: tuple[int, int], kernel: tuple[int, int], ou
                   nr: int) -> Callable[..., None]:
     """Packs one B panel of a 2-D convolution's im2col matrix (see :func:`im2col_loader`)
     straight from ``x[C][H][W]`` (operand ``index``), for ``kc`` blocks of whole input channels
-    (``GemmSpec.kc_step`` = taps).  Per panel column ``q`` the output position and the window's
-    corner are computed once; per tap (unrolled) the bounds check once; the innermost loop
-    runs over the block's channels, one load (0 in the padding), one store each.  The
-    element-wise loader pays two divisions and the bounds check per element."""
+    (``GemmSpec.kc_step`` = taps).
+
+    First, per panel, a table of ``taps x nr`` source offsets and in-bounds flags (the divisions
+    and bounds checks, once per column and tap); then, per channel and tap, one run of ``nr``
+    columns: ``Bp[c·taps + t][jj] = inside ? x[c][off[t][jj]] : 0``, contiguous stores of
+    gathered loads that LLVM vectorizes (AVX-512 gathers).  Measured against an element-wise
+    loader that divides per element: the strided 3x3 convolutions of ResNet-50 went from 57-86
+    to 85-110 GFLOP/s with the per-column version of this packer (scripts/bench_conv.py)."""
     (h, w), (kh_, kw_), (sh, sw), (dh, dw), (ph, pw) = size, kernel, strides, dilations, pads
     taps = kh_ * kw_
+    i32, i8 = ir.IntType(32), ir.IntType(8)
 
     def pack(b: ir.IRBuilder, ops: Sequence[ir.Value], dst_panel: ir.Value, pc: ir.Value, kc: ir.Value,
              col0: ir.Value) -> None:
-        x0 = b.gep(ops[index], [b.mul(b.udiv(pc, _c(taps)), _c(h * w))], inbounds=True)
-        channels = b.udiv(kc, _c(taps))
+        entry = ir.IRBuilder(b.function.entry_basic_block)
+        entry.position_at_start(b.function.entry_basic_block)
+        offsets = entry.alloca(ir.ArrayType(i32, taps * nr), name="im2col.off")
+        inside = entry.alloca(ir.ArrayType(i8, taps * nr), name="im2col.in")
         with for_range(b, 0, nr, name="im2col.jj") as jj:
             q = _min(b, b.add(col0, jj), _c(columns - 1))
             ih0 = b.sub(b.mul(b.udiv(q, _c(out_width)), _c(sh)), _c(ph))
@@ -568,12 +589,21 @@ def im2col_packer(index: int, size: tuple[int, int], kernel: tuple[int, int], ou
                 row_in = b.icmp_unsigned("<", ih, _c(h))  # also ≥ 0
                 for kx in range(kw_):
                     iw = b.add(iw0, _c(kx * dw))
-                    inside = b.and_(row_in, b.icmp_unsigned("<", iw, _c(w)))
-                    src = b.gep(x0, [b.select(inside, b.add(b.mul(ih, _c(w)), iw), _c(0))], inbounds=True)
-                    dst = b.gep(dst_panel, [b.add(_c((ky * kw_ + kx) * nr), jj)], inbounds=True)
-                    with for_range(b, 0, channels, name=f"im2col.c{ky}{kx}") as c:
-                        v = b.load(b.gep(src, [b.mul(c, _c(h * w))], inbounds=True))
-                        b.store(b.select(inside, v, ir.Constant(F32, 0.0)),
-                                b.gep(dst, [b.mul(c, _c(taps * nr))], inbounds=True))
+                    ok = b.and_(row_in, b.icmp_unsigned("<", iw, _c(w)))
+                    at = b.add(_c((ky * kw_ + kx) * nr), jj)
+                    off = b.select(ok, b.add(b.mul(ih, _c(w)), iw), _c(0))
+                    b.store(b.trunc(off, i32), b.gep(offsets, [_c(0), at], inbounds=True))
+                    b.store(b.zext(ok, i8), b.gep(inside, [_c(0), at], inbounds=True))
+        x0 = b.gep(ops[index], [b.mul(b.udiv(pc, _c(taps)), _c(h * w))], inbounds=True)
+        with for_range(b, 0, b.udiv(kc, _c(taps)), name="im2col.c") as c:
+            plane = b.gep(x0, [b.mul(c, _c(h * w))], inbounds=True)
+            with for_range(b, 0, taps, name="im2col.t") as t:
+                row = b.gep(dst_panel, [b.mul(b.add(b.mul(c, _c(taps)), t), _c(nr))], inbounds=True)
+                with for_range(b, 0, nr, name="im2col.col") as jj:
+                    at = b.add(b.mul(t, _c(nr)), jj)
+                    off = b.sext(b.load(b.gep(offsets, [_c(0), at], inbounds=True)), I64)
+                    ok = b.trunc(b.load(b.gep(inside, [_c(0), at], inbounds=True)), ir.IntType(1))
+                    v = b.load(b.gep(plane, [off], inbounds=True))
+                    b.store(b.select(ok, v, ir.Constant(F32, 0.0)), b.gep(row, [jj], inbounds=True))
 
     return pack
