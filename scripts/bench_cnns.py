@@ -1,13 +1,16 @@
-"""Compile time and latency of polyml (Polly on and off) next to onnxruntime on the nine light CNNs.
+"""Compile time and latency of polyml builds next to onnxruntime on the nine light CNNs.
 
 Each model gets seeded random weights (polyml.testing.randomize_weights) and one random input.
 Latencies are medians of ``--repeat`` timed runs per runner, the three runners alternating in
 blocks after warm-up (``polyml.benchmark.measure``: a settle sleep, then ``--block`` calls of
-which the first is untimed), all in this process and with the same thread count; the ratio
-column is polyml-with-Polly / onnxruntime. Prints a markdown table (for docs/PERFORMANCE.md).
+which the first is untimed), all in this process and with the same thread count. Prints a
+markdown table (for docs/PERFORMANCE.md).
 
     python scripts/bench_cnns.py [--models resnet50,vgg19] [--repeat 10] [--threads 2] [--block 6] [--settle 0.3] \
-        [--json out.json]
+        [--variants 'default:;polly-gemm:gemm=polly,conv=direct'] [--json out.json]
+
+``--variants`` names the builds to compare (default: polyml with and without Polly); the first
+one's GFLOP/s and ratio to onnxruntime are reported.
 
 ``--fuse`` compares fused and unfused builds (both with Polly) instead: latency, loop nests,
 intermediate bytes, and peak memory as the resident-set growth (``ru_maxrss``) of a fresh
@@ -41,9 +44,36 @@ def timed(runners: dict, repeat: int, timing: dict, label: str) -> dict[str, dic
         return benchmark.summarize(benchmark.measure(runners, repeat=repeat, progress=progress, **timing))
 
 
-def bench_model(name: str, repeat: int, threads: int, work: Path, timing: dict | None = None) -> dict:
+#: build variants compared by default: label -> compile options
+DEFAULT_VARIANTS = "default:;no-polly:polly=0"
+
+
+def parse_variants(spec: str) -> dict[str, dict]:
+    """``"label:opt=val,opt=val;label2:..."`` → {label: compile options} (values: ints where
+    they parse, else strings: ``gemm=polly``, ``conv=direct``, ``polly=0``, ``fuse=0``)."""
+    out: dict[str, dict] = {}
+    for item in filter(None, spec.split(";")):
+        label, _, opts = item.partition(":")
+        options = {}
+        for kv in filter(None, opts.split(",")):
+            key, _, value = kv.partition("=")
+            options[key.strip()] = int(value) if value.strip().lstrip("-").isdigit() else value.strip()
+        for key in ("polly", "fuse"):
+            if key in options:
+                options[key] = bool(options[key])
+        out[label.strip()] = options
+    if not out:
+        raise SystemExit(f"--variants {spec!r}: no variant")
+    return out
+
+
+def bench_model(name: str, repeat: int, threads: int, work: Path, timing: dict | None = None,
+                variants: dict[str, dict] | None = None) -> dict:
+    """Every build variant and onnxruntime on one light model: medians, GFLOP/s, compile time
+    and per-stage seconds of each build, and errors against onnxruntime."""
     import onnxruntime as ort
 
+    variants = variants or parse_variants(DEFAULT_VARIANTS)
     model = expose_logits(randomize_weights(onnx.load(str(light_model_path(name))), seed=0))
     path = work / f"{name}.onnx"
     onnx.save(model, str(path))
@@ -52,9 +82,9 @@ def bench_model(name: str, repeat: int, threads: int, work: Path, timing: dict |
 
     runners = {}
     compile_s = {}
-    for label, polly in (("polly", True), ("no-polly", False)):
+    for label, options in variants.items():
         t0 = time.perf_counter()
-        runners[label] = polyml.compile(path, work / f"{name}.{label}", polly=polly, threads=threads, cache=False)
+        runners[label] = polyml.compile(path, work / f"{name}.{label}", threads=threads, cache=False, **options)
         compile_s[label] = time.perf_counter() - t0
     so = ort.SessionOptions()
     so.intra_op_num_threads = threads
@@ -67,17 +97,19 @@ def bench_model(name: str, repeat: int, threads: int, work: Path, timing: dict |
     calls["onnxruntime"] = lambda: sess.run(names, feeds)
     stats = timed(calls, repeat, timing or {}, name)
     med = {k: s["median_ms"] / 1e3 for k, s in stats.items()}
+    first = next(iter(variants))
     return {
         "model": name,
         "gflop": flops / 1e9,
+        "variants": {k: dict(v) for k, v in variants.items()},
         "compile_s": compile_s,
         "median_ms": {k: s["median_ms"] for k, s in stats.items()},
         "min_ms": {k: s["min_ms"] for k, s in stats.items()},
         "max_ms": {k: s["max_ms"] for k, s in stats.items()},
         "gflops": {k: flops / v / 1e9 for k, v in med.items()},
-        "ratio_polly_vs_ort": med["polly"] / med["onnxruntime"],
+        "ratio_vs_ort": {k: med[k] / med["onnxruntime"] for k in runners},
         "rel_error": errors,
-        "stages_s": runners["polly"].manifest["seconds"],
+        "stages_s": runners[first].manifest["seconds"],
     }
 
 
@@ -165,17 +197,23 @@ def markdown_fusion(rows: list[dict]) -> str:
 
 
 def markdown(rows: list[dict]) -> str:
+    """One row per model: each variant's median ms, the first variant's compile seconds,
+    GFLOP/s and ratio to onnxruntime, and the worst error of all variants."""
+    labels = list(rows[0]["variants"]) if rows else []
+    first = labels[0] if labels else ""
+    head = " | ".join(f"{k} ms" for k in labels)
     lines = [
-        "| model | GFLOP | compile s (Polly / no Polly) | polyml Polly ms | polyml no-Polly ms | onnxruntime ms "
-        "| Polly GFLOP/s | ratio Polly/ORT | max rel err |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+        f"| model | GFLOP | compile s ({first}) | {head} | onnxruntime ms | {first} GFLOP/s | ORT GFLOP/s "
+        f"| ratio {first}/ORT | max rel err |",
+        "|---|---:|---:|" + "---:|" * len(labels) + "---:|---:|---:|---:|---:|",
     ]
     for r in rows:
         m = r["median_ms"]
+        cells = " | ".join(f"{m[k]:.1f}" for k in labels)
         lines.append(
-            f"| {r['model']} | {r['gflop']:.2f} | {r['compile_s']['polly']:.1f} / {r['compile_s']['no-polly']:.1f} "
-            f"| {m['polly']:.1f} | {m['no-polly']:.1f} | {m['onnxruntime']:.1f} | {r['gflops']['polly']:.1f} "
-            f"| {r['ratio_polly_vs_ort']:.2f} | {max(r['rel_error'].values()):.1e} |"
+            f"| {r['model']} | {r['gflop']:.2f} | {r['compile_s'][first]:.1f} | {cells} | {m['onnxruntime']:.1f} "
+            f"| {r['gflops'][first]:.1f} | {r['gflops']['onnxruntime']:.1f} | {r['ratio_vs_ort'][first]:.2f} "
+            f"| {max(r['rel_error'].values()):.1e} |"
         )
     return "\n".join(lines)
 
@@ -189,6 +227,9 @@ def main() -> int:
     benchmark.add_options(ap)
     ap.add_argument("--json", default=None)
     ap.add_argument("--fuse", action="store_true", help="fused vs unfused vs onnxruntime, with memory")
+    ap.add_argument("--variants", default=DEFAULT_VARIANTS,
+                    help="builds to compare, 'label:opt=val,...;label2:...' (compile options: polly=0, fuse=0, "
+                         f"gemm=polly, conv=direct|gemm; default {DEFAULT_VARIANTS!r})")
     args = ap.parse_args()
     timing = {"warmup": args.warmup, "block": args.block, "settle_s": args.settle}
     method = f"threads={args.threads}, {benchmark.describe(args.repeat, args.block, args.settle)}"
@@ -205,10 +246,10 @@ def main() -> int:
         return 0
     with tempfile.TemporaryDirectory(prefix="polyml-bench-") as tmp:
         for name in args.models.split(","):
-            r = bench_model(name, args.repeat, args.threads, Path(tmp), timing)
+            r = bench_model(name, args.repeat, args.threads, Path(tmp), timing, parse_variants(args.variants))
             rows.append(r)
             print(f"{name}: " + ", ".join(f"{k} {v:.1f} ms" for k, v in r["median_ms"].items())
-                  + f", compile {r['compile_s']['polly']:.1f}s", file=sys.stderr, flush=True)
+                  + ", compile " + ", ".join(f"{k} {v:.1f}s" for k, v in r["compile_s"].items()), file=sys.stderr, flush=True)
     print(f"{method} (medians)\n")
     print(markdown(rows))
     if args.json:
