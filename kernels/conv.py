@@ -38,7 +38,7 @@ from dataclasses import dataclass
 import llvmlite.ir as ir
 import numpy as np
 from polyml.kernels import Kernel, Operand, register
-from polyml.kernels.fused import epilogue, evaluate_chain
+from polyml.kernels.fused import PARALLEL_MIN_ELEMENTS, epilogue, evaluate_chain
 
 from polyml.codegen.builder import Buffer, KernelBuilder, pointer_type
 from polyml.driver.toolchain import host_target
@@ -205,6 +205,14 @@ def nest(k: KernelBuilder, extents: Sequence[int | tuple[int, int]], names: Sequ
         yield out
 
 
+def copy_parallel(extents: Sequence[int | tuple[int, int]]) -> int:
+    """How many leading (batch, channel) dims of an elementwise copy/fill nest over
+    ``extents`` run in parallel: both when the nest has enough elements to pay for a parallel
+    region (:data:`polyml.kernels.fused.PARALLEL_MIN_ELEMENTS`), else none."""
+    size = math.prod((e if isinstance(e, int) else e[1] - e[0]) for e in extents)
+    return 2 if size >= PARALLEL_MIN_ELEMENTS else 0
+
+
 def view(k: KernelBuilder, buf: Buffer, shape: tuple[int, ...], name: str) -> Buffer:
     """The same memory seen with another shape of equal size (row-major order is unchanged)."""
     tt = TensorType(tuple(shape), buf.type.dtype)
@@ -229,10 +237,11 @@ def padded_source(k: KernelBuilder, x: Buffer, win: Window, temp: Buffer | None,
         for slab in ((0, min(pb, r)), (min(pb + n, r), r)):
             if slab[1] > slab[0]:
                 extents = [*lead, *win.required[:d], slab, *win.required[d + 1 :]]
-                with nest(k, extents, names=[f"z{i}" for i in range(temp.rank)]) as ix:
+                with nest(k, extents, names=[f"z{i}" for i in range(temp.rank)], parallel=copy_parallel(extents)) as ix:
                     temp.store(ix, k.f32(fill))
     ranges = [(max(0, -pb), min(n, r - pb)) for pb, n, r in zip(win.pads_begin, win.size, win.required)]
-    with nest(k, [*lead, *ranges], names=["pn", "pc", *[f"p{d}" for d in range(win.rank)]]) as ix:
+    with nest(k, [*lead, *ranges], names=["pn", "pc", *[f"p{d}" for d in range(win.rank)]],
+              parallel=copy_parallel([*lead, *ranges])) as ix:
         dst = [*ix[:2], *[affine(k, [(1, i)], pb) for i, pb in zip(ix[2:], win.pads_begin)]]
         temp.store(dst, x.load(ix))
     return temp, [0] * win.rank
@@ -335,6 +344,9 @@ def _gemm_scratch(node: Node, x: TensorType, w: TensorType, win: Window) -> Tens
 #: as good and the GEMM's packing is spread over too few output channels)
 GEMM_MIN_WEIGHTS = 8192
 GEMM_MIN_CHANNELS = 32
+#: unstrided 1x1 convolutions (x itself is the B matrix, nothing to gather) from this many
+#: output channels on (two register tiles of rows)
+GEMM_MIN_CHANNELS_POINTWISE = 24
 
 
 def prefer_gemm(win: Window, m: int, kk: int) -> bool:
@@ -344,8 +356,11 @@ def prefer_gemm(win: Window, m: int, kk: int) -> bool:
     docs/PERFORMANCE.md, "Convolution: direct or packed GEMM"): every ResNet-50 layer is
     1.08-1.8x faster as GEMM (3x3/1 1.08-1.25x, 3x3/2 2.4-3x, 1x1/2 1.4x, 1x1 64->256 1.8x,
     the 7x7/2 stem 1.17x) except 1x1 64->64 (0.95x); small layers tie (3x3 32->32 at 112x112,
-    5x5 96->256) or lose (3x3 16->16, 0.94x).
+    5x5 96->256) or lose (3x3 16->16, 0.94x).  Unstrided 1x1 ones (MobileNetV2's): 1.3-2.1x
+    from 24 output channels on (144->24, 96->24, 16->96), 0.87x for 32->16.
     """
+    if all(e == 1 for e in win.kernel) and all(s == 1 for s in win.strides) and not win.needs_copy():
+        return m >= GEMM_MIN_CHANNELS_POINTWISE
     return m >= GEMM_MIN_CHANNELS and m * kk >= GEMM_MIN_WEIGHTS
 
 
@@ -393,14 +408,16 @@ def _phase_split(k: KernelBuilder, x: Buffer, win: Window, temp: Buffer) -> list
     step = s // math.gcd(s, d)
     taps = []
     for ph in sorted({(j * d) % s for j in range(kl)}):
-        with nest(k, [*lead, *win.required[:-1], nq], names=[f"z{i}" for i in range(r + 2)]) as ix:
+        zero = [*lead, *win.required[:-1], nq]
+        with nest(k, zero, names=[f"z{i}" for i in range(r + 2)], parallel=copy_parallel(zero)) as ix:
             temp.store([*ix[:-1], ph, ix[-1]], k.f32(0.0))
         # q*s + ph - pb in [0, size): q in [ceil((pb - ph)/s), floor((size + pb - ph - 1)/s)]
         qlo = max(0, -((ph - pb_last) // s))
         qhi = min(nq, (size_last + pb_last - ph - 1) // s + 1)
         rows = [(max(0, -pb), min(n, rq - pb)) for pb, n, rq in zip(win.pads_begin[:-1], win.size[:-1], win.required[:-1])]
         if qhi > qlo:
-            with nest(k, [*lead, *rows, (qlo, qhi)], names=["pn", "pc", *[f"p{i}" for i in range(r)]]) as ix:
+            copy = [*lead, *rows, (qlo, qhi)]
+            with nest(k, copy, names=["pn", "pc", *[f"p{i}" for i in range(r)]], parallel=copy_parallel(copy)) as ix:
                 dst = [*ix[:2], *[affine(k, [(1, i)], pb) for i, pb in zip(ix[2:-1], win.pads_begin[:-1])], ph, ix[-1]]
                 temp.store(dst, x.load([*ix[:-1], affine(k, [(s, ix[-1])], ph - pb_last)]))
         j0 = next(j for j in range(kl) if (j * d) % s == ph)
@@ -488,7 +505,8 @@ class Conv(Kernel):
         acc = out_temp if out_temp is not None else y
         if plan.mode == "pointwise":
             acc = view(k, y, (*y.shape[:2], math.prod(win.out)), "y_flat")
-        with nest(k, acc.shape, names=["in", "im", *[f"io{d}" for d in range(acc.rank - 2)]]) as ix:
+        with nest(k, acc.shape, names=["in", "im", *[f"io{d}" for d in range(acc.rank - 2)]],
+                  parallel=copy_parallel(acc.shape)) as ix:
             acc.store(ix, bias.load([ix[1]]) if bias is not None else k.f32(0.0))
 
         if plan.mode == "pointwise":
@@ -497,7 +515,8 @@ class Conv(Kernel):
             src = view(k, x, (*x.shape[:2], math.prod(x.shape[2:])), "x_flat")
             if src_temp is not None:  # strided: src[n, c, o] = x[n, c, o*s], stored flat
                 src = view(k, src_temp, (*src_temp.shape[:2], p), "x_flat")
-                with nest(k, src_temp.shape, names=["sn", "sc", *[f"s{d}" for d in range(r)]]) as ix:
+                with nest(k, src_temp.shape, names=["sn", "sc", *[f"s{d}" for d in range(r)]],
+                          parallel=copy_parallel(src_temp.shape)) as ix:
                     at = affine(k, [(math.prod(win.out[d + 1:]), o) for d, o in enumerate(ix[2:])])
                     src.store([*ix[:2], at], x.load([*ix[:2], *[affine(k, [(s, o)]) for s, o in zip(win.strides, ix[2:])]]))
             yf = acc
@@ -535,7 +554,7 @@ class Conv(Kernel):
         cols = [0] * (r - 2) + [win.dilations[-2] * pitch]
         flat = [_Taps(None, 0, 1, win.kernel[-1], shift[-2] * pitch + shift[-1], win.dilations[-1], 1)]
         _accumulate(k, src_f, w, out_temp, group, win.out[:-2], out_temp.shape[-1], win.kernel[:-1], rows, cols, flat)
-        with nest(k, y.shape, names=["cn", "cm", *[f"c{d}" for d in range(r)]]) as ix:
+        with nest(k, y.shape, names=["cn", "cm", *[f"c{d}" for d in range(r)]], parallel=copy_parallel(y.shape)) as ix:
             q = affine(k, [(pitch, ix[-2]), (1, ix[-1])])
             y.store(ix, out_temp.load([*ix[:-2], q]))
 

@@ -10,6 +10,10 @@ markdown table of medians (for docs/PERFORMANCE.md and docs/TENSORFLOW.md).
 
     python scripts/bench_tf.py [--models mobilenet_v2_224,resnet50_224] [--repeat 20] [--threads 2] \\
         [--layouts nchw,nhwc] [--block 6] [--settle 0.3] [--json out.json]
+
+Where ``WORK/NAME.onnx`` exists, onnxruntime runs it too: the frozen graph converted to ONNX,
+e.g. ``python -m tf2onnx.convert --graphdef build/tf/NAME.pb --inputs input:0 --outputs
+Identity_1:0 --output build/tf/NAME.onnx --opset 17`` (tf2onnx is not a polyml dependency).
 """
 
 from __future__ import annotations
@@ -88,6 +92,18 @@ def bench(stem: str, repeat: int, threads: int, layouts: list[str], work: Path, 
     tf_out = dict(zip(ref, sess.run(fetch, feed)))
     errors["tensorflow-session"] = max(rel_error(tf_out[k], ref[k]) for k in ref)
     runners["tensorflow"] = lambda: sess.run(fetch, feed)
+    converted = work / f"{stem}.onnx"
+    if converted.is_file():  # the frozen graph converted to ONNX (tf2onnx), for onnxruntime
+        import onnxruntime as ort
+
+        so = ort.SessionOptions()
+        so.intra_op_num_threads = threads
+        osess = ort.InferenceSession(str(converted), so, providers=["CPUExecutionProvider"])
+        ofeed = {i.name: feeds[i.name.split(":")[0]] for i in osess.get_inputs()}
+        onames = [o.name for o in osess.get_outputs()]
+        oout = dict(zip([n.split(":")[0] for n in onames], osess.run(onames, ofeed)))
+        errors["onnxruntime"] = max(rel_error(oout[k], ref[k]) for k in ref if k in oout)
+        runners["onnxruntime"] = lambda: osess.run(onames, ofeed)
     with benchmark.rich_progress(label=stem) as progress:
         stats = benchmark.summarize(benchmark.measure(runners, repeat=repeat, progress=progress, **(timing or {})))
     return {"model": stem, "gflop": flops / 1e9, "median_ms": {k: s["median_ms"] for k, s in stats.items()},
@@ -96,14 +112,21 @@ def bench(stem: str, repeat: int, threads: int, layouts: list[str], work: Path, 
 
 
 def markdown(rows: list[dict], layouts: list[str]) -> str:
-    head = ["model", "GFLOP", *[f"polyml {lay} ms" for lay in layouts], "TensorFlow ms",
-            f"ratio polyml {layouts[0]}/TF", "max rel err", "compile s"]
+    ort = any("onnxruntime" in r["median_ms"] for r in rows)
+    first = f"polyml-{layouts[0]}"
+    head = ["model", "GFLOP", *[f"polyml {lay} ms" for lay in layouts], f"polyml {layouts[0]} GFLOP/s", "TensorFlow ms",
+            f"ratio polyml {layouts[0]}/TF", *(["onnxruntime ms", f"ratio polyml {layouts[0]}/ORT"] if ort else []),
+            "max rel err", "compile s"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" + "---:|" * (len(head) - 1)]
     for r in rows:
         med = r["median_ms"]
+        ort_cells = []
+        if ort:
+            o = med.get("onnxruntime")
+            ort_cells = [f"{o:.1f}", f"{med[first] / o:.2f}"] if o else ["-", "-"]
         cells = [r["model"], f"{r['gflop']:.2f}", *[f"{med[f'polyml-{lay}']:.1f}" for lay in layouts],
-                 f"{med['tensorflow']:.1f}", f"{med[f'polyml-{layouts[0]}'] / med['tensorflow']:.2f}",
-                 f"{max(r['rel_error'][lay] for lay in layouts):.1e}", f"{r['compile_s'][layouts[0]]:.1f}"]
+                 f"{r['gflop'] / med[first] * 1e3:.1f}", f"{med['tensorflow']:.1f}", f"{med[first] / med['tensorflow']:.2f}",
+                 *ort_cells, f"{max(r['rel_error'][lay] for lay in layouts):.1e}", f"{r['compile_s'][layouts[0]]:.1f}"]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 

@@ -189,8 +189,8 @@ def test_conv_as_packed_gemm(xs, ws, attrs, threads) -> None:
 
 
 def test_conv_choice_by_shape() -> None:
-    """``auto`` takes the GEMM from 8192 weights and 32 output channels on, the direct nests
-    for smaller convolutions (scripts/bench_conv.py's measurements)."""
+    """``auto`` takes the GEMM from 8192 weights and 32 output channels on (unstrided 1x1: 24
+    channels), the direct nests for smaller convolutions (scripts/bench_conv.py's measurements)."""
     from polyml.kernels.conv import _plan
 
     from polyml.codegen import gemm as packed
@@ -202,7 +202,8 @@ def test_conv_choice_by_shape() -> None:
 
     assert mode((1, 256, 28, 28), (128, 256, 1, 1), {}) == "gemm"
     assert mode((1, 64, 56, 56), (256, 64, 1, 1), {}) == "gemm"
-    assert mode((1, 64, 56, 56), (64, 64, 1, 1), {}) == "pointwise"  # 4096 weights: direct
+    assert mode((1, 144, 56, 56), (24, 144, 1, 1), {}) == "gemm"
+    assert mode((1, 32, 56, 56), (16, 32, 1, 1), {}) == "pointwise"  # 16 output channels: direct
     assert mode((1, 64, 56, 56), (64, 64, 3, 3), {"pads": [1, 1, 1, 1]}) == "gemm"
     assert mode((1, 16, 56, 56), (16, 16, 3, 3), {"pads": [1, 1, 1, 1]}) == "direct"
     assert mode((1, 3, 224, 224), (64, 3, 7, 7), {"strides": [2, 2], "pads": [3, 3, 3, 3]}) == "gemm"
