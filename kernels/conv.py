@@ -344,6 +344,9 @@ def _gemm_scratch(node: Node, x: TensorType, w: TensorType, win: Window) -> Tens
 #: as good and the GEMM's packing is spread over too few output channels)
 GEMM_MIN_WEIGHTS = 8192
 GEMM_MIN_CHANNELS = 32
+#: input channels below which the direct nests win (the im2col packing of few channels
+#: costs more than the product gains)
+GEMM_MIN_INPUT_CHANNELS = 8
 #: unstrided 1x1 convolutions (x itself is the B matrix, nothing to gather) from this many
 #: output channels on (two register tiles of rows)
 GEMM_MIN_CHANNELS_POINTWISE = 24
@@ -352,16 +355,18 @@ GEMM_MIN_CHANNELS_POINTWISE = 24
 def prefer_gemm(win: Window, m: int, kk: int) -> bool:
     """Whether the packed GEMM (im2col packed on the fly) beats the direct nests for this shape.
 
-    Measured per shape, 2 threads, one conv+bias+relu model run back to back (table in
-    docs/PERFORMANCE.md, "Convolution: direct or packed GEMM"): every ResNet-50 layer is
-    1.08-1.8x faster as GEMM (3x3/1 1.08-1.25x, 3x3/2 2.4-3x, 1x1/2 1.4x, 1x1 64->256 1.8x,
-    the 7x7/2 stem 1.17x) except 1x1 64->64 (0.95x); small layers tie (3x3 32->32 at 112x112,
-    5x5 96->256) or lose (3x3 16->16, 0.94x).  Unstrided 1x1 ones (MobileNetV2's): 1.3-2.1x
-    from 24 output channels on (144->24, 96->24, 16->96), 0.87x for 32->16.
+    Measured per shape, 2 threads (``scripts/bench_conv.py --repeat 30 --block 31``; table in
+    docs/PERFORMANCE.md, "Convolution: direct or packed GEMM"): every ResNet-50 layer but the
+    stem is 1.02-3.6x faster as GEMM (strided 3x3 1.7-3.6x, wide-K 1x1 1.7-2.3x, 3x3/1
+    1.05-1.5x); the 7x7/2 stem over 3 input channels 0.76x (the im2col packing of a 3-channel
+    input dominates); small layers tie (3x3 32->32 at 112x112, 5x5 96->256) or lose (3x3
+    16->16, 0.94x).  Unstrided 1x1 ones (MobileNetV2's): 1.3-2.1x from 24 output channels on
+    (144->24, 96->24, 16->96), 0.87x for 32->16.
     """
     if all(e == 1 for e in win.kernel) and all(s == 1 for s in win.strides) and not win.needs_copy():
         return m >= GEMM_MIN_CHANNELS_POINTWISE
-    return m >= GEMM_MIN_CHANNELS and m * kk >= GEMM_MIN_WEIGHTS
+    channels = kk // math.prod(win.kernel)
+    return m >= GEMM_MIN_CHANNELS and m * kk >= GEMM_MIN_WEIGHTS and channels >= GEMM_MIN_INPUT_CHANNELS
 
 
 def _vector_ops(n: int, block: int) -> int:

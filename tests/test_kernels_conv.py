@@ -206,7 +206,7 @@ def test_conv_choice_by_shape() -> None:
     assert mode((1, 32, 56, 56), (16, 32, 1, 1), {}) == "pointwise"  # 16 output channels: direct
     assert mode((1, 64, 56, 56), (64, 64, 3, 3), {"pads": [1, 1, 1, 1]}) == "gemm"
     assert mode((1, 16, 56, 56), (16, 16, 3, 3), {"pads": [1, 1, 1, 1]}) == "direct"
-    assert mode((1, 3, 224, 224), (64, 3, 7, 7), {"strides": [2, 2], "pads": [3, 3, 3, 3]}) == "gemm"
+    assert mode((1, 3, 224, 224), (64, 3, 7, 7), {"strides": [2, 2], "pads": [3, 3, 3, 3]}) == "phase"  # 3 channels
     assert mode((1, 1024, 14, 14), (2048, 1024, 1, 1), {"strides": [2, 2]}) == "gemm"
     assert mode((1, 64, 56, 56), (64, 64, 3, 3), {"pads": [1, 1, 1, 1]}, conv="direct") == "direct"
     assert mode((1, 256, 28, 28), (128, 256, 1, 1), {}, conv="direct") == "pointwise"
