@@ -11,7 +11,7 @@ Basic blocks are named ``<op>.<loop>.<part>`` so Polly's statements trace back t
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
@@ -149,30 +149,15 @@ class KernelBuilder:
     @contextmanager
     def loop(self, lo: int, hi: int, name: str = "i") -> Iterator[ir.Value]:
         """``for (iv = lo; iv < hi; ++iv)`` with constant bounds; yields the induction variable."""
-        b = self.b
         level = self._depth
         if level == 0:
             self.nests += 1
-        tag = f"{self.prefix}.L{level}.{name}"
-        pre = b.block
-        header = b.append_basic_block(f"{tag}.header")
-        body = b.append_basic_block(f"{tag}.body")
-        exit_ = b.append_basic_block(f"{tag}.exit")
-        b.branch(header)
-        b.position_at_end(header)
-        iv = b.phi(I64, name)
-        iv.add_incoming(self.i64(lo), pre)
-        b.cbranch(b.icmp_signed("<", iv, self.i64(hi)), body, exit_)
-        b.position_at_end(body)
-        self._depth += 1
-        try:
-            yield iv
-        finally:
-            self._depth -= 1
-        nxt = b.add(iv, self.i64(1), flags=["nuw", "nsw"])
-        iv.add_incoming(nxt, b.block)
-        b.branch(header)
-        b.position_at_end(exit_)
+        with counted_loop(self.b, self.i64(lo), self.i64(hi), f"{self.prefix}.L{level}.{name}", name) as iv:
+            self._depth += 1
+            try:
+                yield iv
+            finally:
+                self._depth -= 1
 
     @contextmanager
     def parallel_loop(self, lo: int, hi: int, name: str = "p") -> Iterator[ir.Value]:
@@ -303,6 +288,29 @@ class KernelBuilder:
         """One nest writing ``value`` to every element of ``buf``."""
         with self.loops(buf.shape, names=[f"z{d}" for d in range(buf.rank)]) as ix:
             buf.store(ix, self.f32(value))
+
+
+@contextmanager
+def counted_loop(b: ir.IRBuilder, lo: ir.Value, hi: ir.Value, tag: str, name: str, step: int = 1,
+                 branch_if: Callable[[ir.Value, ir.Block, ir.Block], object] | None = None) -> Iterator[ir.Value]:
+    """``for (iv = lo; iv < hi; iv += step)`` on ``b``: blocks ``<tag>.header/.body/.exit``, the
+    i64 induction phi ``name`` tested with ``slt`` in the header (the canonical form Polly and
+    SCEV read); yields ``iv``.  ``branch_if`` replaces ``b.cbranch`` for that test (the GPU
+    builder's own loops bypass its branch tracing)."""
+    pre = b.block
+    header = b.append_basic_block(f"{tag}.header")
+    body = b.append_basic_block(f"{tag}.body")
+    exit_ = b.append_basic_block(f"{tag}.exit")
+    b.branch(header)
+    b.position_at_end(header)
+    iv = b.phi(I64, name)
+    iv.add_incoming(lo, pre)
+    (branch_if or b.cbranch)(b.icmp_signed("<", iv, hi), body, exit_)
+    b.position_at_end(body)
+    yield iv
+    iv.add_incoming(b.add(iv, ir.Constant(I64, step), flags=["nuw", "nsw"]), b.block)
+    b.branch(header)
+    b.position_at_end(exit_)
 
 
 @contextmanager

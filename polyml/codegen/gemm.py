@@ -32,7 +32,7 @@ from dataclasses import dataclass, replace
 import llvmlite.ir as ir
 import numpy as np
 
-from polyml.codegen.builder import F32, I32, I64, Buffer, KernelBuilder
+from polyml.codegen.builder import F32, I32, I64, Buffer, KernelBuilder, counted_loop
 
 F32P = F32.as_pointer()
 
@@ -204,23 +204,10 @@ def _min(b: ir.IRBuilder, x: ir.Value, y: ir.Value) -> ir.Value:
 
 @contextmanager
 def for_range(b: ir.IRBuilder, lo: ir.Value | int, hi: ir.Value | int, step: int = 1, name: str = "i") -> Iterator[ir.Value]:
-    """``for (iv = lo; iv < hi; iv += step)`` on a raw builder; yields ``iv``."""
-    lo, hi = (_c(v) if isinstance(v, int) else v for v in (lo, hi))
-    pre = b.block
-    header = b.append_basic_block(f"{name}.header")
-    body = b.append_basic_block(f"{name}.body")
-    exit_ = b.append_basic_block(f"{name}.exit")
-    b.branch(header)
-    b.position_at_end(header)
-    iv = b.phi(I64, name)
-    iv.add_incoming(lo, pre)
-    b.cbranch(b.icmp_signed("<", iv, hi), body, exit_)
-    b.position_at_end(body)
-    yield iv
-    nxt = b.add(iv, _c(step), flags=["nsw"])
-    iv.add_incoming(nxt, b.block)
-    b.branch(header)
-    b.position_at_end(exit_)
+    """``for (iv = lo; iv < hi; iv += step)`` on a raw builder (:func:`counted_loop`); yields ``iv``."""
+    with counted_loop(b, _c(lo) if isinstance(lo, int) else lo, _c(hi) if isinstance(hi, int) else hi, name, name,
+                      step) as iv:
+        yield iv
 
 
 def _function(module: ir.Module, name: str, args: Sequence[ir.Type], attrs: Sequence[str], wide: bool) -> ir.Function:

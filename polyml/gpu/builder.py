@@ -31,6 +31,7 @@ so the batch, ``i`` and ``j`` loops join the band and map onto the grid (``k`` s
 
 from __future__ import annotations
 
+import functools
 import math
 import re
 from collections.abc import Iterator, Sequence
@@ -40,7 +41,7 @@ from dataclasses import dataclass, field
 import llvmlite.ir as ir
 import numpy as np
 
-from polyml.codegen.builder import F32, I32, I64, Buffer, KernelBuilder, pointer_type
+from polyml.codegen.builder import F32, I32, I64, Buffer, KernelBuilder, counted_loop, pointer_type
 from polyml.errors import PolymlError
 from polyml.graph import Node, TensorType
 
@@ -348,24 +349,12 @@ class GpuKernelBuilder(KernelBuilder):
         """``for (iv = lo; iv < hi; iv += step)`` over IR values (our own code: not recorded)."""
         b = self.b
         tag = f"{self.prefix}.L{self._depth}.{name}"
-        pre = b.block
-        header = b.append_basic_block(f"{tag}.header")
-        body = b.append_basic_block(f"{tag}.body")
-        exit_ = b.append_basic_block(f"{tag}.exit")
-        b.branch(header)
-        b.position_at_end(header)
-        iv = b.phi(I64, name)
-        iv.add_incoming(lo, pre)
-        ir.IRBuilder.cbranch(b, b.icmp_signed("<", iv, hi), body, exit_)
-        b.position_at_end(body)
-        self._depth += 1
-        try:
-            yield iv
-        finally:
-            self._depth -= 1
-        iv.add_incoming(b.add(iv, self.i64(step), flags=["nuw", "nsw"]), b.block)
-        b.branch(header)
-        b.position_at_end(exit_)
+        with counted_loop(b, lo, hi, tag, name, step, branch_if=functools.partial(ir.IRBuilder.cbranch, b)) as iv:
+            self._depth += 1
+            try:
+                yield iv
+            finally:
+                self._depth -= 1
 
     def _barrier(self) -> None:
         """``bar.sync 0``: every thread of the block waits here."""
