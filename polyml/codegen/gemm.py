@@ -61,6 +61,7 @@ def packed_gemm(on: bool, conv: str = "auto") -> Iterator[None]:
     finally:
         _ENABLED.reset(token)
 
+
 #: ``load(builder, pointers, row, col) -> float``: one element of an operand, where ``pointers``
 #: are the block function's operand arguments (``float*``) and row/col ``i64`` values in range
 Loader = Callable[[ir.IRBuilder, Sequence[ir.Value], ir.Value, ir.Value], ir.Value]
@@ -287,7 +288,6 @@ def micro_kernel(module: ir.Module, blk: Blocking, attrs: Sequence[str]) -> ir.F
         for v in range(blk.vectors):
             finals[r][v].add_incoming(zero, entry)
             finals[r][v].add_incoming(new_accs[r][v], loop)
-    store_bb = b.block
     add_bb = b.append_basic_block("c.add")
     set_bb = b.append_basic_block("c.set")
     b.cbranch(accumulate, add_bb, set_bb)
@@ -302,7 +302,6 @@ def micro_kernel(module: ir.Module, blk: Blocking, attrs: Sequence[str]) -> ir.F
                     val = b.fadd(b.load(ptr, align=4), val)
                 b.store(val, ptr, align=4)
         b.ret_void()
-    del store_bb
     return fn
 
 
