@@ -17,7 +17,11 @@ contiguous panels, unroll-and-jam the register tile), written out by polyml itse
 
 Polly's pattern path cannot take these liberties (it matches only ``C[i][j] += A[i][k] *
 B[k][j]`` alone in its statement, and at LLVM 19 its tuned variant miscompiled large products,
-issue 7), so products that reach this module are compiled with the plain ``-O3`` policy.
+issue 7), so products that reach this module are compiled with the plain ``-O3`` policy.  Nor
+can polyml's JSCoP layer express it: a JSCoP import may change schedules and access relations
+(and declare new arrays for them) but cannot add statements, and packing is two new copy
+statements per block; the register tile additionally needs its accumulators promoted to
+registers, which Polly's code generator does not do for an imported schedule.
 """
 
 from __future__ import annotations
