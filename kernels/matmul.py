@@ -71,25 +71,19 @@ def prefer_wide_vectors(fn: ir.Function) -> None:
         set.add(fn.attributes, '"prefer-vector-width"="512"')
 
 
-def gemm_nests(k: KernelBuilder, a: Buffer, b: Buffer, c: Buffer) -> None:
-    """C[i][j] = -0.0, then ``C[i][j] += A[i][k] * B[k][j]`` (loops i, k, j) over 2-D buffers: C = A @ B."""
+def gemm_nests(k: KernelBuilder, a: Buffer, b: Buffer, c: Buffer, b_transposed: bool = False) -> None:
+    """C[i][j] = -0.0, then ``C[i][j] += A[i][k] * B[k][j]`` (loops i, k, j) over 2-D buffers: C = A @ B.
+
+    ``b_transposed``: B is stored as Bt (N×K) and read in place, ``C[i][j] += A[i][k] * Bt[j][k]``
+    in loops i, j, k (dot products along Bt's rows, no copy)."""
     m, n = c.shape
     kk = a.shape[1]
     with k.loops([m, n], names=["i", "j"]) as ix:
         c.store(ix, k.f32(-0.0 if kk else 0.0))
-    with k.loops([m, kk, n], names=["i", "k", "j"]) as (i, r, j):
-        prod = k.fmul(a.load([i, r]), b.load([r, j]), reassoc=True)
-        c.store([i, j], k.fsum(c.load([i, j]), prod, reassoc=True))
-
-
-def dot_nests(k: KernelBuilder, a: Buffer, bt: Buffer, c: Buffer) -> None:
-    """C[i][j] = -0.0, then ``C[i][j] += A[i][k] * Bt[j][k]`` (loops i, j, k): C = A @ Btᵀ, no copy of Bt."""
-    m, n = c.shape
-    kk = a.shape[1]
-    with k.loops([m, n], names=["i", "j"]) as ix:
-        c.store(ix, k.f32(-0.0 if kk else 0.0))
-    with k.loops([m, n, kk], names=["i", "j", "k"]) as (i, j, r):
-        prod = k.fmul(a.load([i, r]), bt.load([j, r]), reassoc=True)
+    extents, names = ([m, n, kk], ["i", "j", "k"]) if b_transposed else ([m, kk, n], ["i", "k", "j"])
+    with k.loops(extents, names=names) as ivs:
+        i, r, j = (ivs[0], ivs[2], ivs[1]) if b_transposed else ivs
+        prod = k.fmul(a.load([i, r]), b.load([j, r] if b_transposed else [r, j]), reassoc=True)
         c.store([i, j], k.fsum(c.load([i, j]), prod, reassoc=True))
 
 
@@ -307,7 +301,7 @@ class Gemm(Kernel):
         if not k.attr("transB", 0):
             gemm_nests(k, a, b, y)
         elif y.shape[0] <= self.DOT_MAX_ROWS:
-            dot_nests(k, a, b, y)
+            gemm_nests(k, a, b, y, b_transposed=True)
         else:
             b_t = next(temps)
             transpose_into(k, b, b_t)

@@ -77,7 +77,8 @@ def expose_logits(model: onnx.ModelProto) -> onnx.ModelProto:
 
 
 def random_inputs(model: onnx.ModelProto, seed: int = 1) -> dict[str, np.ndarray]:
-    """Standard-normal float32 values for every graph input that is not an initializer."""
+    """Seeded data for every graph input that is not an initializer: standard-normal values
+    for floating-point inputs (in the input's dtype), integers in [-100, 100) for the rest."""
     rng = np.random.default_rng(seed)
     inits = {i.name for i in model.graph.initializer}
     feeds = {}
@@ -85,7 +86,11 @@ def random_inputs(model: onnx.ModelProto, seed: int = 1) -> dict[str, np.ndarray
         if vi.name in inits:
             continue
         shape = [d.dim_value for d in vi.type.tensor_type.shape.dim]
-        feeds[vi.name] = rng.standard_normal(shape).astype(np.float32)
+        dtype = helper.tensor_dtype_to_np_dtype(vi.type.tensor_type.elem_type)
+        if np.issubdtype(dtype, np.floating):
+            feeds[vi.name] = rng.standard_normal(shape).astype(dtype)
+        else:
+            feeds[vi.name] = rng.integers(-100, 100, size=shape).astype(dtype)
     return feeds
 
 

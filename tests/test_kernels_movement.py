@@ -17,24 +17,12 @@ from onnx import TensorProto, helper, numpy_helper
 from polyml.compiler import compile_graph
 from polyml.errors import PolymlError, ShapeError, UnsupportedError
 from polyml.frontends.onnx import from_onnx
-from polyml.testing import compile_and_compare, onnxruntime_run, single_node_model
+from polyml.testing import compile_and_compare, onnxruntime_run, random_inputs, single_node_model
 
 
 def rng_feeds(model: onnx.ModelProto, seed: int = 0) -> dict[str, np.ndarray]:
     """Seeded random data for every graph input (normal floats, small ints)."""
-    rng = np.random.default_rng(seed)
-    inits = {i.name for i in model.graph.initializer}
-    feeds = {}
-    for vi in model.graph.input:
-        if vi.name in inits:
-            continue
-        shape = [d.dim_value for d in vi.type.tensor_type.shape.dim]
-        dtype = helper.tensor_dtype_to_np_dtype(vi.type.tensor_type.elem_type)
-        if np.issubdtype(dtype, np.floating):
-            feeds[vi.name] = rng.standard_normal(shape).astype(dtype)
-        else:
-            feeds[vi.name] = rng.integers(-100, 100, size=shape).astype(dtype)
-    return feeds
+    return random_inputs(model, seed)
 
 
 def check(model: onnx.ModelProto, feeds: dict[str, np.ndarray] | None = None) -> None:
