@@ -252,3 +252,26 @@ def test_host_blocking_by_vector_isa(features: str, expect: tuple[int, int, int]
     assert (blk.mr, blk.nr, blk.width) == expect
     assert blk.nr % blk.width == 0 and blk.mc % blk.mr == 0 and blk.nc % blk.nr == 0
     assert blk.kc * blk.nr * 4 <= 48 << 10  # one B micro-panel fits L1
+
+
+@pytest.mark.parametrize("blocking", ["mr=6,nr=16,width=8", "mr=4,nr=8,width=4,fma=0"], ids=["avx2-like", "sse-like"])
+def test_packed_gemm_other_vector_widths(blocking: str, monkeypatch) -> None:
+    """The AVX2 (6x16 of 8-lane vectors) and SSE (4x8, no FMA) micro-kernels, forced through
+    POLYML_GEMM_BLOCKING on this host, give the same products (GEMM and a conv as GEMM)."""
+    monkeypatch.setenv("POLYML_GEMM_BLOCKING", blocking)
+    for op, inputs, attrs in (PACKED_CASES[0], PACKED_CASES[6]):
+        check(node_model(op, inputs, **attrs), feeds_for(inputs), threads=2, cache=False)
+    rng = np.random.default_rng(2)
+    w = rng.standard_normal((40, 16, 3, 3)).astype(np.float32)
+    conv = node_model("Conv", {"x": (1, 16, 15, 17)}, initializers={"w": w}, pads=[1, 1, 1, 1], strides=[2, 1])
+    check(conv, feeds_for({"x": (1, 16, 15, 17)}), conv="gemm", cache=False)
+
+
+def test_gemm_blocking_override_errors(monkeypatch) -> None:
+    from polyml.codegen.gemm import blocking_for_host
+    from polyml.errors import PolymlError
+
+    for bad in ("mr=x", "nr=20", "width=5,nr=20", "kc=0", "depth=3"):
+        monkeypatch.setenv("POLYML_GEMM_BLOCKING", bad)
+        with pytest.raises(PolymlError, match="POLYML_GEMM_BLOCKING"):
+            blocking_for_host()

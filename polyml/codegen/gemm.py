@@ -37,6 +37,7 @@ import llvmlite.ir as ir
 import numpy as np
 
 from polyml.codegen.builder import F32, I32, I64, Buffer, KernelBuilder, counted_loop
+from polyml.errors import PolymlError
 
 F32P = F32.as_pointer()
 
@@ -498,14 +499,18 @@ def blocking_for_host() -> Blocking:
     l2 = caches.get(2, (1 << 20, 16))[0]
     blk = host_blocking(host_target().features, l1, l2)
     override = os.environ.get("POLYML_GEMM_BLOCKING", "")
-    if override:  # experiments: "mr=12,nr=32,mc=480,kc=192,nc=1344" (any subset)
+    if override:  # experiments: "mr=12,nr=32,mc=480,kc=192,nc=1344" (any subset; width=8,fma=0 too)
         try:
             fields = {key.strip(): int(v) for key, v in (item.split("=") for item in override.split(","))}
+            if "fma" in fields:
+                fields["fma"] = bool(fields["fma"])
             blk = replace(blk, **fields)
         except (ValueError, TypeError) as e:
-            raise ValueError(f"POLYML_GEMM_BLOCKING={override!r}: expected mr=..,nr=..,mc=..,kc=..,nc=.. ({e})") from None
-        if blk.nr % blk.width or min(blk.mr, blk.nr, blk.mc, blk.kc, blk.nc) < 1:
-            raise ValueError(f"POLYML_GEMM_BLOCKING={override!r}: nr must be a multiple of {blk.width}, sizes positive")
+            raise PolymlError(f"POLYML_GEMM_BLOCKING={override!r}: expected mr=..,nr=..,mc=..,kc=..,nc=..,width=..,fma=0|1 "
+                              f"({e})") from None
+        if blk.width not in (4, 8, 16) or blk.nr % blk.width or min(blk.mr, blk.nr, blk.mc, blk.kc, blk.nc) < 1:
+            raise PolymlError(f"POLYML_GEMM_BLOCKING={override!r}: width must be 4, 8 or 16, nr a multiple of it "
+                              f"({blk.width}), every size positive")
     return blk
 
 
