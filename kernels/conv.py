@@ -339,34 +339,30 @@ def _gemm_scratch(node: Node, x: TensorType, w: TensorType, win: Window) -> Tens
     return TensorType((packed.scratch_floats(spec, blk, parts),))
 
 
-#: the packed GEMM beats the direct nests from this many weights (output x input channels x
-#: taps) on, and from this many output channels (below, the direct nests' register blocks are
-#: as good and the GEMM's packing is spread over too few output channels)
-GEMM_MIN_WEIGHTS = 8192
+#: the packed GEMM beats the direct nests from this many output channels on (below, the
+#: direct nests' register blocks of 8 channels are as good and the GEMM's packing is spread over
+#: too few output channels) ...
 GEMM_MIN_CHANNELS = 32
-#: input channels below which the direct nests win (the im2col packing of few channels
-#: costs more than the product gains)
-GEMM_MIN_INPUT_CHANNELS = 8
-#: unstrided 1x1 convolutions (x itself is the B matrix, nothing to gather) from this many
-#: output channels on (two register tiles of rows)
+#: ... and unstrided 1x1 convolutions (x itself is the B matrix, nothing to gather) from this
+#: many (two register tiles of rows)
 GEMM_MIN_CHANNELS_POINTWISE = 24
 
 
 def prefer_gemm(win: Window, m: int, kk: int) -> bool:
     """Whether the packed GEMM (im2col packed on the fly) beats the direct nests for this shape.
 
-    Measured per shape, 2 threads (``scripts/bench_conv.py --repeat 30 --block 31``; table in
-    docs/PERFORMANCE.md, "Convolution: direct or packed GEMM"): every ResNet-50 layer but the
-    stem is 1.02-3.6x faster as GEMM (strided 3x3 1.7-3.6x, wide-K 1x1 1.7-2.3x, 3x3/1
-    1.05-1.5x); the 7x7/2 stem over 3 input channels 0.76x (the im2col packing of a 3-channel
-    input dominates); small layers tie (3x3 32->32 at 112x112, 5x5 96->256) or lose (3x3
-    16->16, 0.94x).  Unstrided 1x1 ones (MobileNetV2's): 1.3-2.1x from 24 output channels on
-    (144->24, 96->24, 16->96), 0.87x for 32->16.
+    Measured per shape, 2 threads (``scripts/bench_conv.py --repeat 30 --block 31`` and single
+    conv+bias+relu models run back to back; table in docs/PERFORMANCE.md, "Convolution: direct
+    or packed GEMM"): every ResNet-50 layer but the stem is 1.02-3.6x faster as GEMM (strided
+    3x3 1.7-3.6x, wide-K 1x1 1.7-2.3x, 3x3/1 1.05-1.5x); stems over 3 input channels 1.2-2.3x
+    (squeezenet 3x3/2 to 64, zfnet 7x7/2 and AlexNet 11x11/4 to 96) except ResNet-50's 7x7/2
+    to 64 (0.89x, taken anyway: 0.1 ms); 1x1 64->64 even; below 32 output channels the direct
+    nests win or tie (3x3 16->16 0.94x, 1x1 128->16 0.79x) but for unstrided 1x1 from 24
+    channels (144->24, 96->24, 16->96: 1.3-2.1x; 32->16 0.87x).
     """
     if all(e == 1 for e in win.kernel) and all(s == 1 for s in win.strides) and not win.needs_copy():
         return m >= GEMM_MIN_CHANNELS_POINTWISE
-    channels = kk // math.prod(win.kernel)
-    return m >= GEMM_MIN_CHANNELS and m * kk >= GEMM_MIN_WEIGHTS and channels >= GEMM_MIN_INPUT_CHANNELS
+    return m >= GEMM_MIN_CHANNELS
 
 
 def _vector_ops(n: int, block: int) -> int:
