@@ -27,9 +27,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import llvmlite.ir as ir
-import numpy as np
 
 from polyml.codegen.builder import I64, Buffer, KernelBuilder, pointer_type, sanitize
+from polyml.codegen.memory import FlatCopy, Slot, SlotTable
 from polyml.driver.toolchain import HostTarget
 from polyml.errors import PolymlError
 from polyml.flops import node_flops
@@ -39,23 +39,6 @@ from polyml.kernels import Kernel, Operand, registry
 ALIGN = 64
 ENTRY = "polyml_main"
 STEP_ENTRY = "polyml_step"
-
-
-@dataclass
-class Slot:
-    """One entry of the runtime's pointer table."""
-
-    kind: str  # "input" | "output" | "weight" | "arena" | "view"
-    name: str
-    nbytes: int
-    offset: int = 0  # into the weight blob or the arena; a view: bytes into its parent
-    parent: int = -1  # a view: the slot it lies in (always an earlier slot)
-
-    def to_json(self) -> dict:
-        d = {"kind": self.kind, "name": self.name, "nbytes": self.nbytes, "offset": self.offset}
-        if self.kind == "view":
-            d["parent"] = self.parent
-        return d
 
 
 @dataclass
@@ -91,10 +74,6 @@ class LoweredModel:
     concat_blocked: list[dict] = field(default_factory=list)
 
 
-def _align(n: int) -> int:
-    return (n + ALIGN - 1) // ALIGN * ALIGN
-
-
 def new_module(name: str, target: HostTarget) -> ir.Module:
     m = ir.Module(name=name)
     m.triple = target.triple
@@ -108,18 +87,6 @@ def set_target_attributes(fn: ir.Function, target: HostTarget) -> None:
     # llvmlite only knows a fixed list of attribute names; string attributes go in verbatim.
     set.add(fn.attributes, f'"target-cpu"="{target.cpu}"')
     set.add(fn.attributes, f'"target-features"="{target.features}"')
-
-
-class _Copy(Kernel):
-    """A flat element copy, used where a graph output is an input, a constant or a view."""
-
-    polly = "off"
-
-    def lower(self, k: KernelBuilder) -> None:
-        src, dst = k.inputs[0], k.outputs[0]
-        assert src is not None
-        with k.loops([dst.type.size], names=["e"]) as (e,):
-            dst.store([e], src.load([e]))
 
 
 def _concat_axis(node: Node, rank: int) -> int:
@@ -208,70 +175,21 @@ def _lower_graph(graph: Graph, target: HostTarget, chunks: int = 1, parallel: bo
     view_of, concat_placed, concat_blocked = plan_concat_in_place(graph, kernels) if in_place_concat else ({}, [], [])
     types = graph.types
     modules: dict[str, ir.Module] = {}
-    slots: list[Slot] = []
-    slot_of: dict[str, int] = {}  # storage root tensor name -> slot
-    root: dict[str, str] = {}  # tensor -> storage root tensor
-
-    def storage(t: str) -> str:
-        while t in root:
-            t = root[t]
-        return t
-
-    for name in graph.inputs:
-        slot_of[name] = len(slots)
-        slots.append(Slot("input", name, types[name].nbytes))
-    outputs_direct: set[str] = set()
-    producers = graph.producer_map()
-    for name in graph.outputs:
-        p = producers.get(name)
-        if p is not None and not kernels[p.op_type].alias and name not in slot_of:
-            outputs_direct.add(name)
-            slot_of[name] = len(slots)
-            slots.append(Slot("output", name, types[name].nbytes))
-
-    weight_chunks: list[bytes] = []
-    weight_size = 0
-
-    def weight_slot(t: str, value: np.ndarray | None = None) -> int:
-        """The slot of constant ``t`` (a graph constant, or ``value`` a kernel derived)."""
-        nonlocal weight_size
-        if t not in slot_of:
-            data = np.ascontiguousarray(graph.constants[t], dtype=types[t].dtype).tobytes() if value is None \
-                else np.ascontiguousarray(value).tobytes()
-            slot_of[t] = len(slots)
-            slots.append(Slot("weight", t, len(data), weight_size))
-            padded = _align(len(data))
-            weight_chunks.append(data + b"\0" * (padded - len(data)))
-            weight_size += padded
-        return slot_of[t]
+    table = SlotTable(graph, kernels, ALIGN)
+    slots, slot_of, storage = table.slots, table.slot_of, table.storage
 
     def arena_slot(t: str, nbytes: int) -> int:
         if t not in slot_of:
             if t in view_of:  # a slice of the Concat output's storage (created first)
                 parent, offset = view_of[t]
-                ps = arena_slot(parent, types[parent].nbytes)
-                slot_of[t] = len(slots)
-                slots.append(Slot("view", t, nbytes, offset, parent=ps))
+                table.add(t, Slot("view", t, nbytes, offset, parent=arena_slot(parent, types[parent].nbytes)))
             else:
-                slot_of[t] = len(slots)
-                slots.append(Slot("arena", t, nbytes))
+                table.add(t, Slot("arena", t, nbytes))
         return slot_of[t]
-
-    def root_slot(slot: int) -> int:
-        while slots[slot].kind == "view":
-            slot = slots[slot].parent
-        return slot
 
     steps: list[Step] = []
     per_policy: dict[str, int] = {}  # functions dealt so far, per Polly policy
     nests = 0
-    live_ranges: dict[int, list[int]] = {}  # arena slot -> [first step, last step]
-
-    def touch(slot: int) -> None:
-        slot = root_slot(slot)  # a view keeps its whole parent alive
-        if slots[slot].kind == "arena":
-            r = live_ranges.setdefault(slot, [len(steps), len(steps)])
-            r[1] = len(steps)
 
     def emit(node: Node, kernel: Kernel, in_names: list[str], in_types: list[TensorType | None], out_names: list[str], out_types: list[TensorType]) -> None:
         ops = [Operand(t, tt, graph.constants.get(t)) if t and tt else None for t, tt in zip(in_names, in_types)]
@@ -295,7 +213,7 @@ def _lower_graph(graph: Graph, target: HostTarget, chunks: int = 1, parallel: bo
                 continue
             r = storage(t)
             if r in graph.constants:
-                s = weight_slot(r)
+                s = table.weight_slot(r)
             elif r in slot_of:
                 s = slot_of[r]
             else:
@@ -310,7 +228,7 @@ def _lower_graph(graph: Graph, target: HostTarget, chunks: int = 1, parallel: bo
             params.append((arena_slot(f"{node.label}#temp{i}@{len(steps)}", tt.nbytes), tt, f"temp{i}"))
         const_types = [TensorType(tuple(a.shape), str(a.dtype)) for a in derived]
         for i, (arr, tt) in enumerate(zip(derived, const_types)):
-            params.append((weight_slot(f"{node.label}#const{i}@{len(steps)}", arr), tt, f"const{i}"))
+            params.append((table.weight_slot(f"{node.label}#const{i}@{len(steps)}", arr), tt, f"const{i}"))
         ptypes = [pointer_type(tt) for _, tt, _ in params]
         fname = f"op{len(steps)}_{sanitize(node.label)}"
         fn = ir.Function(module, ir.FunctionType(ir.VoidType(), ptypes), fname)
@@ -340,15 +258,14 @@ def _lower_graph(graph: Graph, target: HostTarget, chunks: int = 1, parallel: bo
         nonlocal nests
         nests += kb.nests
         for s, _, _ in params:
-            touch(s)
+            table.touch(s, len(steps))
         steps.append(Step(fname, node.label, node.op_type, policy, [s for s, _, _ in params], ptypes,
                           kernel.describe(node, ops, out_types), node_flops(types, node)))
 
-    copy = _Copy()
     for node in graph.nodes:
         kernel = kernels[node.op_type]
         if kernel.alias:
-            root[node.outputs[0]] = node.inputs[0]  # a graph output among these is copied below
+            table.root[node.outputs[0]] = node.inputs[0]  # a graph output among these is copied below
             continue
         in_types = [types[t] if t else None for t in node.inputs]
         if node.op_type == "Concat" and any(t in view_of for t in node.inputs):
@@ -359,19 +276,11 @@ def _lower_graph(graph: Graph, target: HostTarget, chunks: int = 1, parallel: bo
                         {**node.attrs, "in_place": [bool(t) and t in view_of for t in node.inputs]},
                         source=node.source, opset=node.opset)
         emit(node, kernel, node.inputs, in_types, node.outputs, [types[t] for t in node.outputs])
-    for name in graph.outputs:
-        if name in outputs_direct:
-            continue
-        src = storage(node_input_of_alias(name, producers, kernels))
-        flat = TensorType((types[name].size,), types[name].dtype)
-        # the output slot gets its own key: ``src`` may be this very tensor (a constant or a
-        # graph input that is also a graph output) and must keep resolving to its storage
-        key = f"{name}#output"
-        slot_of[key] = len(slots)
-        slots.append(Slot("output", name, types[name].nbytes))
-        emit(Node(f"copy_{name}", "polyml.Copy", [src], [key]), copy, [src], [flat], [key], [flat])
+    copy = FlatCopy()
+    for node, src, key, flat in table.output_copies():
+        emit(node, copy, [src], [flat], [key], [flat])
 
-    arena = _plan_arena(slots, live_ranges)
+    arena = table.plan_arena()
     entry = _entry_module(steps, len(slots), target)
     inter = sum(s.nbytes for s in slots if s.kind == "arena")
     return LoweredModel(
@@ -379,7 +288,7 @@ def _lower_graph(graph: Graph, target: HostTarget, chunks: int = 1, parallel: bo
         entry=entry,
         slots=slots,
         steps=steps,
-        weights=b"".join(weight_chunks),
+        weights=table.weights,
         arena_bytes=arena,
         inputs={n: types[n] for n in graph.inputs},
         outputs={n: types[n] for n in graph.outputs},
@@ -388,33 +297,6 @@ def _lower_graph(graph: Graph, target: HostTarget, chunks: int = 1, parallel: bo
         concat_in_place=concat_placed,
         concat_blocked=concat_blocked,
     )
-
-
-def node_input_of_alias(name: str, producers: dict[str, Node], kernels: dict[str, Kernel]) -> str:
-    """The tensor whose memory a graph output should be copied from."""
-    p = producers.get(name)
-    if p is not None and kernels[p.op_type].alias:
-        return p.inputs[0]
-    return name
-
-
-def _plan_arena(slots: list[Slot], live: dict[int, list[int]]) -> int:
-    """First-fit offsets for arena slots whose step ranges overlap; returns the arena size."""
-    placed: list[tuple[int, int, int, int]] = []  # (offset, size, first, last)
-    top = 0
-    for s in sorted(live, key=lambda s: (live[s][0], -slots[s].nbytes)):
-        first, last = live[s]
-        size = _align(max(slots[s].nbytes, 1))
-        busy = sorted((o, o + n) for o, n, lo, hi in placed if not (hi < first or lo > last))
-        offset = 0
-        for lo, hi in busy:
-            if offset + size <= lo:
-                break
-            offset = max(offset, hi)
-        slots[s].offset = offset
-        placed.append((offset, size, first, last))
-        top = max(top, offset + size)
-    return top
 
 
 def _entry_module(steps: list[Step], nslots: int, target: HostTarget) -> ir.Module:

@@ -1,6 +1,6 @@
 """Graph → NVPTX modules (one per op) and the launch plan the CUDA runtime follows.
 
-Memory is laid out as on the CPU (:mod:`polyml.codegen.lower`): slots for graph inputs and
+Memory is laid out as on the CPU (:mod:`polyml.codegen.memory`): slots for graph inputs and
 outputs, weights in one blob (uploaded once), intermediates in one device arena at first-fit
 offsets from their live ranges; view ops emit nothing and share their input's slot.  Each op is
 lowered twice with :class:`~polyml.gpu.builder.GpuKernelBuilder` — once to record its nests'
@@ -13,9 +13,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import llvmlite.ir as ir
-import numpy as np
 
-from polyml.codegen.builder import Buffer, KernelBuilder, pointer_type, sanitize
+from polyml.codegen.builder import Buffer, pointer_type, sanitize
+from polyml.codegen.memory import FlatCopy, Slot, SlotTable
 from polyml.errors import PolymlError
 from polyml.gpu import TRIPLE
 from polyml.gpu.builder import GpuKernelBuilder, GpuLoweringError, NestRecord
@@ -25,17 +25,6 @@ from polyml.graph import Graph, Node, TensorType
 from polyml.kernels import Kernel, Operand, registry
 
 ALIGN = 256  # cudaMalloc alignment; keeps every slot aligned for vector loads
-
-
-@dataclass
-class Slot:
-    kind: str  # "input" | "output" | "weight" | "arena"
-    name: str
-    nbytes: int
-    offset: int = 0
-
-    def to_json(self) -> dict:
-        return {"kind": self.kind, "name": self.name, "nbytes": self.nbytes, "offset": self.offset}
 
 
 @dataclass
@@ -65,19 +54,6 @@ class CudaLowered:
     inputs: dict[str, TensorType]
     outputs: dict[str, TensorType]
     records: dict[str, list[NestRecord]] = field(default_factory=dict)
-
-
-class _Copy(Kernel):
-    """A flat element copy (a graph output that is a view, an input or a constant)."""
-
-    def lower(self, k: KernelBuilder) -> None:
-        src, dst = k.inputs[0], k.outputs[0]
-        with k.loops([dst.type.size], names=["e"]) as (e,):
-            dst.store([e], src.load([e]))
-
-
-def _align(n: int) -> int:
-    return (n + ALIGN - 1) // ALIGN * ALIGN
 
 
 def new_module(name: str) -> ir.Module:
@@ -144,43 +120,12 @@ def lower_graph_cuda(graph: Graph, verify: bool = True, shared_bytes: int = 0) -
     shared-memory promotion with that budget per block."""
     kernels = registry()
     types = graph.types
-    slots: list[Slot] = []
-    slot_of: dict[str, int] = {}
-    root: dict[str, str] = {}
-
-    def storage(t: str) -> str:
-        while t in root:
-            t = root[t]
-        return t
-
-    for name in graph.inputs:
-        slot_of[name] = len(slots)
-        slots.append(Slot("input", name, types[name].nbytes))
-    producers = graph.producer_map()
-    direct: set[str] = set()
-    for name in graph.outputs:
-        p = producers.get(name)
-        if p is not None and not kernels[p.op_type].alias and name not in slot_of:
-            direct.add(name)
-            slot_of[name] = len(slots)
-            slots.append(Slot("output", name, types[name].nbytes))
-    blob: list[bytes] = []
-    blob_size = 0
-
-    def weight_slot(t: str) -> int:
-        nonlocal blob_size
-        if t not in slot_of:
-            data = np.ascontiguousarray(graph.constants[t], dtype=types[t].dtype).tobytes()
-            slot_of[t] = len(slots)
-            slots.append(Slot("weight", t, len(data), blob_size))
-            blob.append(data + b"\0" * (_align(len(data)) - len(data)))
-            blob_size += _align(len(data))
-        return slot_of[t]
+    table = SlotTable(graph, kernels, ALIGN)
+    slots, slot_of, storage = table.slots, table.slot_of, table.storage
 
     modules: dict[str, ir.Module] = {}
     launches: list[Launch] = []
     records: dict[str, list[NestRecord]] = {}
-    live: dict[int, list[int]] = {}
     step = 0
 
     def emit(node: Node, kernel: Kernel, in_names: list[str], in_types: list[TensorType | None],
@@ -195,7 +140,7 @@ def lower_graph_cuda(graph: Graph, verify: bool = True, shared_bytes: int = 0) -
                 continue
             r = storage(t)
             if r in graph.constants:
-                s = weight_slot(r)
+                s = table.weight_slot(r)
             elif r in slot_of:
                 s = slot_of[r]
             else:
@@ -206,14 +151,13 @@ def lower_graph_cuda(graph: Graph, verify: bool = True, shared_bytes: int = 0) -
             if not t:
                 continue
             if t not in slot_of:
-                slot_of[t] = len(slots)
-                slots.append(Slot("arena", t, tt.nbytes))
+                table.add(t, Slot("arena", t, tt.nbytes))
             params.append((tt, f"out{i}", t))
             pslots.append(slot_of[t])
         for i, tt in enumerate(temp_types):
-            slots.append(Slot("arena", f"{node.label}#temp{i}@{step}", tt.nbytes))
+            name = f"{node.label}#temp{i}@{step}"
+            pslots.append(table.add(name, Slot("arena", name, tt.nbytes)))
             params.append((tt, f"temp{i}", f"temp{i}"))
-            pslots.append(len(slots) - 1)
         fname = f"op{step}_{sanitize(node.label)}"
         try:
             module, ks, recs = lower_op(node, kernel, ops, out_types, temp_types, fname, params, verify, shared_bytes)
@@ -226,49 +170,22 @@ def lower_graph_cuda(graph: Graph, verify: bool = True, shared_bytes: int = 0) -
         for kname, m in ks:
             launches.append(Launch(kname, fname, node.label, node.op_type, pslots, m))
         for s in pslots:
-            if slots[s].kind == "arena":
-                r = live.setdefault(s, [step, step])
-                r[1] = step
+            table.touch(s, step)
         step += 1
 
     for node in graph.nodes:
         kernel = kernels[node.op_type]
         if kernel.alias:
-            root[node.outputs[0]] = node.inputs[0]
+            table.root[node.outputs[0]] = node.inputs[0]
             continue
         emit(node, kernel, node.inputs, [types[t] if t else None for t in node.inputs], node.outputs,
              [types[t] for t in node.outputs])
-    for name in graph.outputs:
-        if name in direct:
-            continue
-        p = producers.get(name)
-        src = storage(p.inputs[0] if p is not None and kernels[p.op_type].alias else name)
-        flat = TensorType((types[name].size,), types[name].dtype)
-        key = f"{name}#output"
-        slot_of[key] = len(slots)
-        slots.append(Slot("output", name, types[name].nbytes))
-        emit(Node(f"copy_{name}", "polyml.Copy", [src], [key]), _Copy(), [src], [flat], [key], [flat])
-    arena = _plan_arena(slots, live)
-    return CudaLowered(modules, launches, slots, b"".join(blob), arena,
+    copy = FlatCopy()
+    for node, src, key, flat in table.output_copies():
+        emit(node, copy, [src], [flat], [key], [flat])
+    arena = table.plan_arena()
+    return CudaLowered(modules, launches, slots, table.weights, arena,
                        {n: types[n] for n in graph.inputs}, {n: types[n] for n in graph.outputs}, records)
-
-
-def _plan_arena(slots: list[Slot], live: dict[int, list[int]]) -> int:
-    """First-fit offsets for arena slots whose live step ranges overlap; returns the arena size."""
-    placed: list[tuple[int, int, int, int]] = []
-    top = 0
-    for s in sorted(live, key=lambda s: (live[s][0], -slots[s].nbytes)):
-        first, last = live[s]
-        size = _align(max(slots[s].nbytes, 1))
-        offset = 0
-        for lo, hi in sorted((o, o + n) for o, n, a, b in placed if not (b < first or a > last)):
-            if offset + size <= lo:
-                break
-            offset = max(offset, hi)
-        slots[s].offset = offset
-        placed.append((offset, size, first, last))
-        top = max(top, offset + size)
-    return top
 
 
 __all__ = ["CudaLowered", "Launch", "Slot", "lower_graph_cuda", "lower_op"]
