@@ -322,21 +322,17 @@ def _gemm_scratch(node: Node, x: TensorType, w: TensorType, win: Window) -> Tens
     a product the packed GEMM takes (:func:`polyml.kernels.matmul.packed_plan`), and
     :func:`prefer_gemm` says it beats the register-blocked direct nests.
     """
-    from polyml.kernels.matmul import packed_plan
+    from polyml.kernels.matmul import packed_plan, packed_temps
+
+    from polyml.codegen import gemm as packed
 
     if int(node.attrs.get("group", 1)) != 1 or x.shape[0] != 1 or win.rank != 2:
         return None
-    from polyml.codegen import gemm as packed
-
     m, n, kk = _gemm_spec_dims(x, w, win)
-    plan = packed_plan(m, n, kk)
     choice = packed.conv_choice()
-    if plan is None or choice == "direct" or (choice == "auto" and not prefer_gemm(win, m, kk)):
+    if packed_plan(m, n, kk) is None or choice == "direct" or (choice == "auto" and not prefer_gemm(win, m, kk)):
         return None
-
-    blk, parts = plan
-    spec = packed.GemmSpec(m, n, kk, packed.matrix_loader(0, kk), packed.matrix_loader(1, n), 2)
-    return TensorType((packed.scratch_floats(spec, blk, parts),))
+    return packed_temps(m, n, kk)[0]
 
 
 #: the packed GEMM beats the direct nests from this many output channels on (below, the
