@@ -575,7 +575,7 @@ def _convolve_gemm(k: KernelBuilder, plan: _Plan, scratch: Buffer) -> bool:
     if all(e == 1 for e in win.kernel) and all(s == 1 for s in win.strides) and not win.needs_copy():
         load_b = packed.matrix_loader(1, n)
     else:
-        load_b = packed.im2col_loader(1, win.size, win.kernel, win.out[-1], win.strides, win.dilations, win.pads_begin)
+        load_b = None
         pack_b = packed.im2col_packer(1, win.size, win.kernel, win.out[-1], n, win.strides, win.dilations,
                                       win.pads_begin, packed.blocking_for_host().nr)
     prepacked = bool(k.constants)  # the weights in panel order (Conv.constants)

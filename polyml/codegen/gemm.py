@@ -122,7 +122,8 @@ class GemmSpec:
     n: int
     k: int
     load_a: Loader
-    load_b: Loader
+    #: None when ``pack_b`` packs B itself
+    load_b: Loader | None
     #: number of ``float*`` operand pointers the loaders and epilogue use (C excluded)
     operands: int
     ldc: int = 0
@@ -142,6 +143,8 @@ class GemmSpec:
 
     def __post_init__(self) -> None:
         self.ldc = self.ldc or self.n
+        if self.load_b is None and self.pack_b is None:
+            raise ValueError("GemmSpec: B needs a load_b or a pack_b")
 
 
 def block_kc(spec: GemmSpec, blk: Blocking) -> int:
@@ -514,30 +517,6 @@ def blocking_for_host() -> Blocking:
     return blk
 
 
-def im2col_loader(index: int, size: tuple[int, int], kernel: tuple[int, int], out_width: int,
-                  strides: tuple[int, int], dilations: tuple[int, int], pads: tuple[int, int]) -> Loader:
-    """Loader of a 2-D convolution's input ``x[C][H][W]`` (operand ``index``) as its im2col
-    matrix: row ``p = (c*KH + kh)*KW + kw``, column ``q = oh*OW + ow`` holds
-    ``x[c][oh*sh + kh*dh - ph][ow*sw + kw*dw - pw]``, 0 in the padding.  The packing loop calls
-    it, so the matrix is never stored."""
-    (h, w), (kh_, kw_), (sh, sw), (dh, dw), (ph, pw) = size, kernel, strides, dilations, pads
-
-    def load(b: ir.IRBuilder, ops: Sequence[ir.Value], row: ir.Value, col: ir.Value) -> ir.Value:
-        c = b.udiv(row, _c(kh_ * kw_))
-        tap = b.urem(row, _c(kh_ * kw_))
-        kh, kw = b.udiv(tap, _c(kw_)), b.urem(tap, _c(kw_))
-        oh, ow = b.udiv(col, _c(out_width)), b.urem(col, _c(out_width))
-        ih = b.add(b.mul(oh, _c(sh)), b.sub(b.mul(kh, _c(dh)), _c(ph)))
-        iw = b.add(b.mul(ow, _c(sw)), b.sub(b.mul(kw, _c(dw)), _c(pw)))
-        inside = b.and_(b.icmp_unsigned("<", ih, _c(h)), b.icmp_unsigned("<", iw, _c(w)))  # also ≥ 0
-        at = b.add(b.mul(c, _c(h * w)), b.add(b.mul(ih, _c(w)), iw))
-        at = b.select(inside, at, _c(0))
-        v = b.load(b.gep(ops[index], [at], inbounds=True))
-        return b.select(inside, v, ir.Constant(F32, 0.0))
-
-    return load
-
-
 def prepack_a(a: np.ndarray, blk: Blocking, kc_step: int = 1) -> np.ndarray:
     """``A`` (M×K) in the order the block function reads packed A panels, for a constant A:
     per ``kc`` block of columns, per ``mr`` rows (zero rows pad M), the panel ``[p][r]``.
@@ -555,16 +534,18 @@ def prepack_a(a: np.ndarray, blk: Blocking, kc_step: int = 1) -> np.ndarray:
 def im2col_packer(index: int, size: tuple[int, int], kernel: tuple[int, int], out_width: int, columns: int,
                   strides: tuple[int, int], dilations: tuple[int, int], pads: tuple[int, int],
                   nr: int) -> Callable[..., None]:
-    """Packs one B panel of a 2-D convolution's im2col matrix (see :func:`im2col_loader`)
-    straight from ``x[C][H][W]`` (operand ``index``), for ``kc`` blocks of whole input channels
-    (``GemmSpec.kc_step`` = taps).
+    """Packs one B panel of a 2-D convolution's im2col matrix straight from ``x[C][H][W]``
+    (operand ``index``), for ``kc`` blocks of whole input channels (``GemmSpec.kc_step`` = taps).
+    Row ``p = (c*KH + kh)*KW + kw``, column ``q = oh*OW + ow`` of the matrix holds
+    ``x[c][oh*sh + kh*dh - ph][ow*sw + kw*dw - pw]``, 0 in the padding; it is never stored.
 
     First, per panel, a table of ``taps x nr`` source offsets and in-bounds flags (the divisions
     and bounds checks, once per column and tap); then, per channel and tap, one run of ``nr``
     columns: ``Bp[c·taps + t][jj] = inside ? x[c][off[t][jj]] : 0``, contiguous stores of
-    gathered loads that LLVM vectorizes (AVX-512 gathers).  Measured against an element-wise
-    loader that divides per element: the strided 3x3 convolutions of ResNet-50 went from 57-86
-    to 85-110 GFLOP/s with the per-column version of this packer (scripts/bench_conv.py)."""
+    gathered loads that LLVM vectorizes (AVX-512 gathers).  Measured on ResNet-50's strided 3x3
+    convolutions (scripts/bench_conv.py, 2 threads): an element-wise loader dividing per element
+    gave 57-86 GFLOP/s, a per-column packer with channel-innermost loops 85-110, this one
+    161-250."""
     (h, w), (kh_, kw_), (sh, sw), (dh, dw), (ph, pw) = size, kernel, strides, dilations, pads
     taps = kh_ * kw_
     i32, i8 = ir.IntType(32), ir.IntType(8)
