@@ -46,6 +46,8 @@ class Kernel:
     #: Polly policy of the op's function: "polly" (full), "tile" (keep schedule, tile and
     #: parallelize), or "off" (plain -O3). Chosen per op family by measurement.
     polly: ClassVar[str] = "polly"
+    #: dtypes the op's data inputs may have (static inputs are checked by ``infer``)
+    dtypes: ClassVar[frozenset[str]] = frozenset({"float32"})
 
     def infer(self, node: Node, ins: list[Operand | None]) -> list[TensorType]:
         raise NotImplementedError
@@ -77,9 +79,15 @@ class Kernel:
     def supports(self, node: Node, ins: list[Operand | None]) -> str | None:
         """Return why this node cannot be lowered (unsupported dtype or mode), or None."""
         for i, op in enumerate(ins):
-            if op is not None and i not in self.static_inputs and op.type.dtype != "float32":
-                return f"input {i} ({op.name!r}) is {op.type.dtype}; only float32 data is supported"
+            if op is not None and i not in self.static_inputs and op.type.dtype not in self.dtypes:
+                return unsupported_dtype(i, op, self.dtypes)
         return None
+
+
+def unsupported_dtype(i: int, op: Operand, allowed: frozenset[str] | set[str]) -> str:
+    """The reason text for input ``i`` of a dtype the kernel does not compute on."""
+    hint = " (float16 models: convert to float32 first)" if op.type.dtype == "float16" else ""
+    return f"input {i} ({op.name!r}) is {op.type.dtype}; supported: {', '.join(sorted(allowed))}{hint}"
 
 
 REGISTRY: dict[str, Kernel] = {}
@@ -90,10 +98,15 @@ def register(cls: type[Kernel]) -> type[Kernel]:
     """Class decorator: register one instance of ``cls`` for each of its ``op_types``."""
     inst = cls()
     for op in cls.op_types:
-        if op in REGISTRY:
-            raise RuntimeError(f"op {op} registered twice ({type(REGISTRY[op]).__name__}, {cls.__name__})")
-        REGISTRY[op] = inst
+        register_instance(op, inst)
     return cls
+
+
+def register_instance(op: str, kernel: Kernel) -> None:
+    """Register ``kernel`` for ``op`` (families whose op list is built from a table)."""
+    if op in REGISTRY:
+        raise RuntimeError(f"op {op} registered twice ({type(REGISTRY[op]).__name__}, {type(kernel).__name__})")
+    REGISTRY[op] = kernel
 
 
 def registry() -> dict[str, Kernel]:

@@ -38,7 +38,8 @@ from dataclasses import dataclass
 import llvmlite.ir as ir
 import numpy as np
 from polyml.kernels import Kernel, Operand, register
-from polyml.kernels.fused import PARALLEL_MIN_ELEMENTS, epilogue, evaluate_chain
+from polyml.kernels._scalar import PARALLEL_MIN_ELEMENTS
+from polyml.kernels.fused import epilogue, evaluate_chain
 
 from polyml.codegen.builder import Buffer, KernelBuilder, pointer_type
 from polyml.driver.toolchain import host_target
@@ -208,7 +209,7 @@ def nest(k: KernelBuilder, extents: Sequence[int | tuple[int, int]], names: Sequ
 def copy_parallel(extents: Sequence[int | tuple[int, int]]) -> int:
     """How many leading (batch, channel) dims of an elementwise copy/fill nest over
     ``extents`` run in parallel: both when the nest has enough elements to pay for a parallel
-    region (:data:`polyml.kernels.fused.PARALLEL_MIN_ELEMENTS`), else none."""
+    region (:data:`polyml.kernels._scalar.PARALLEL_MIN_ELEMENTS`), else none."""
     size = math.prod((e if isinstance(e, int) else e[1] - e[0]) for e in extents)
     return 2 if size >= PARALLEL_MIN_ELEMENTS else 0
 

@@ -1,130 +1,185 @@
-"""Elementwise ops: activations, broadcasting arithmetic and variadic Sum/Max/Min.
+"""Elementwise arithmetic: broadcasting binary ops, variadic Sum/Max/Min/Mean, Clip, unary math.
 
-Each lowers to one perfect loop nest over the output shape; an input of lower rank or with
-size-1 dimensions is read with the broadcast access ``x[0, j]`` (numpy broadcasting), which is
-still affine, so Polly sees one statement with one write and one read per operand.
+Each op is a scalar function registered with :func:`polyml.kernels._scalar.scalar_op`; the
+shared kernel lowers it to one perfect nest over the output with broadcast reads (still affine,
+so Polly sees one statement with one write and one read per operand).  Integer ops follow
+numpy/onnxruntime: ``Div`` truncates toward zero (a zero divisor gives 0 instead of a trap),
+``Mod`` takes the divisor's sign unless ``fmod=1``.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 import llvmlite.ir as ir
-from polyml.kernels import Kernel, Operand, broadcast_shapes, register
+from polyml.kernels._scalar import (
+    ELEMENTWISE_KERNEL,
+    NUMERIC,
+    SCALAR_OPS,
+    Scalar,
+    scalar,
+    scalar_op,
+)
 
-from polyml.codegen.builder import KernelBuilder
-from polyml.graph import Node, TensorType
+from polyml.codegen.builder import is_float, llvm_type
 
-
-def scalar(k: KernelBuilder, node: Node, vals: list[ir.Value]) -> ir.Value:
-    """The value one output element of elementwise ``node`` takes, given its input elements
-    (omitted optional inputs excluded). Fused nests compose these expressions in registers."""
-    b = k.b
-    op = node.op_type
-    zero, one = k.f32(0.0), k.f32(1.0)
-    x = vals[0]
-    if op == "Relu":
-        return k.maxf(x, zero)
-    if op == "LeakyRelu":
-        return b.select(b.fcmp_ordered(">=", x, zero), x, b.fmul(x, k.f32(node.attrs.get("alpha", 0.01))))
-    if op == "Sigmoid":
-        return b.fdiv(one, b.fadd(one, k.exp(b.fneg(x))))
-    if op == "Tanh":
-        return k.libm("tanhf", x)
-    if op == "Sqrt":
-        return k.sqrt(x)
-    if op == "Exp":
-        return k.exp(x)
-    if op == "Neg":
-        return b.fneg(x)
-    if op == "Abs":
-        return k.intrinsic("llvm.fabs", x)
-    if op == "Reciprocal":
-        return b.fdiv(one, x)
-    if op in BINARY:
-        return BINARY[op](k, x, vals[1])
-    if op in ("Sum", "Max", "Min", "Mean"):
-        acc = x
-        for v in vals[1:]:
-            acc = b.fadd(acc, v) if op in ("Sum", "Mean") else (k.maxf(acc, v) if op == "Max" else k.minf(acc, v))
-        return b.fdiv(acc, k.f32(len(vals))) if op == "Mean" else acc
-    if op == "Clip":
-        lo, hi = _clip_bounds(k, node, vals)
-        if lo is not None:
-            x = b.select(b.fcmp_ordered("<", x, lo), lo, x)
-        if hi is not None:
-            x = b.select(b.fcmp_ordered(">", x, hi), hi, x)
-        return x
-    raise AssertionError(op)
+__all__ = ["ELEMENTWISE_KERNEL", "SCALAR_OPS", "elementwise_ops", "scalar"]
 
 
-BINARY: dict[str, Callable[[KernelBuilder, ir.Value, ir.Value], ir.Value]] = {
-    "Add": lambda k, x, y: k.b.fadd(x, y),
-    "Sub": lambda k, x, y: k.b.fsub(x, y),
-    "Mul": lambda k, x, y: k.b.fmul(x, y),
-    "Div": lambda k, x, y: k.b.fdiv(x, y),
-    "Pow": lambda k, x, y: k.intrinsic("llvm.pow", x, y),
-}
+def elementwise_ops() -> frozenset[str]:
+    """Every op type computed by a scalar function (what fusion may chain)."""
+    from polyml.kernels import registry
+
+    registry()
+    return frozenset(SCALAR_OPS)
 
 
-def _clip_bounds(k: KernelBuilder, node: Node, vals: list[ir.Value]) -> tuple[ir.Value | None, ir.Value | None]:
-    """Clip's bounds: optional inputs 1 and 2 (opset ≥ 11) or the min/max attributes."""
-    present = [i for i, t in enumerate(node.inputs) if t]
-    by_pos = dict(zip(present, vals))
-    lo = by_pos.get(1, k.f32(node.attrs["min"]) if "min" in node.attrs else None)
-    hi = by_pos.get(2, k.f32(node.attrs["max"]) if "max" in node.attrs else None)
-    return lo, hi
+@scalar_op("Add", dtypes=NUMERIC)
+def _add(s: Scalar, v: list[ir.Value]) -> ir.Value:
+    return s.b.fadd(v[0], v[1]) if s.is_float else s.b.add(v[0], v[1])
 
 
-#: op types :func:`scalar` computes (all of them one output element from input elements)
-ELEMENTWISE = frozenset(["Relu", "LeakyRelu", "Sigmoid", "Tanh", "Sqrt", "Exp", "Neg", "Abs", "Reciprocal",
-                         *BINARY, "Sum", "Max", "Min", "Mean", "Clip"])
+@scalar_op("Sub", dtypes=NUMERIC)
+def _sub(s: Scalar, v: list[ir.Value]) -> ir.Value:
+    return s.b.fsub(v[0], v[1]) if s.is_float else s.b.sub(v[0], v[1])
 
 
-class _Broadcasting(Kernel):
-    """out[i] = f(in0[bcast(i)], in1[bcast(i)], ...): one perfect nest over the output."""
-
-    # Memory-bound single-statement nests: Polly's tiling buys nothing here and costs ~100 ms
-    # of compile time per op (measured: 600 such ops took 70 s through -polly, 4 s without).
-    polly = "off"
-
-    def infer(self, node: Node, ins: list[Operand | None]) -> list[TensorType]:
-        shapes = [op.type.shape for op in ins if op is not None]
-        return [TensorType(broadcast_shapes(node, *shapes), ins[0].type.dtype)]
-
-    def lower(self, k: KernelBuilder) -> None:
-        out = k.outputs[0]
-        with k.loops(out.shape) as ix:
-            vals = [buf.load(buf.broadcast_index(ix)) for buf in k.inputs if buf is not None]
-            out.store(ix, scalar(k, k.node, vals))
+@scalar_op("Mul", dtypes=NUMERIC)
+def _mul(s: Scalar, v: list[ir.Value]) -> ir.Value:
+    return s.b.fmul(v[0], v[1]) if s.is_float else s.b.mul(v[0], v[1])
 
 
-@register
-class Unary(_Broadcasting):
-    """Relu, LeakyRelu, Sigmoid, Tanh, Sqrt, Exp, Neg, Abs, Reciprocal (one input, same shape)."""
-
-    op_types = ("Relu", "LeakyRelu", "Sigmoid", "Tanh", "Sqrt", "Exp", "Neg", "Abs", "Reciprocal")
-
-
-@register
-class Binary(_Broadcasting):
-    """Add, Sub, Mul, Div, Pow with numpy broadcasting."""
-
-    op_types = tuple(BINARY)
+def _int_divisor(s: Scalar, d: ir.Value) -> tuple[ir.Value, ir.Value, ir.Value]:
+    """(divisor safe for sdiv/srem, d == 0, d == -1): x86 traps on /0 and on INT_MIN / -1."""
+    zero, minus1 = s.const(0), s.const(-1)
+    is0 = s.b.icmp_signed("==", d, zero)
+    ism1 = s.b.icmp_signed("==", d, minus1)
+    return s.select(s.b.or_(is0, ism1), s.const(1), d), is0, ism1
 
 
-@register
-class Variadic(_Broadcasting):
-    """Sum, Max, Min, Mean over any number of broadcast inputs."""
+@scalar_op("Div", dtypes=NUMERIC)
+def _div(s: Scalar, v: list[ir.Value]) -> ir.Value:
+    if s.is_float:
+        return s.b.fdiv(v[0], v[1])
+    safe, is0, ism1 = _int_divisor(s, v[1])
+    q = s.select(ism1, s.b.sub(s.const(0), v[0]), s.b.sdiv(v[0], safe))
+    return s.select(is0, s.const(0), q)
 
-    op_types = ("Sum", "Max", "Min", "Mean")
+
+@scalar_op("Mod", dtypes=NUMERIC)
+def _mod(s: Scalar, v: list[ir.Value]) -> ir.Value:
+    a, d = v
+    if s.is_float:
+        return s.b.frem(a, d)  # fmod=1 is required for floats: C's fmod
+    safe, is0, ism1 = _int_divisor(s, d)
+    r = s.select(s.b.or_(is0, ism1), s.const(0), s.b.srem(a, safe))
+    if s.attr("fmod", 0):
+        return r
+    # Python's %: a non-zero remainder takes the divisor's sign
+    zero = s.const(0)
+    fix = s.b.and_(s.b.icmp_signed("!=", r, zero),
+                   s.b.xor(s.b.icmp_signed("<", r, zero), s.b.icmp_signed("<", d, zero)))
+    return s.select(fix, s.b.add(r, d), r)
 
 
-@register
-class Clip(_Broadcasting):
-    """Clip: bounds from attributes (opset < 11) or optional scalar inputs (opset ≥ 11)."""
+@scalar_op("Pow", dtypes=NUMERIC, same_dtype=False)
+def _pow(s: Scalar, v: list[ir.Value]) -> ir.Value:
+    base_t, exp_t = s.dtypes[0], s.dtypes[1]
+    if is_float(base_t):
+        e = s.convert(v[1], exp_t, "float32")
+        return s.intrinsic("llvm.pow", v[0], e)
+    # integer base: compute in double, truncate (onnxruntime's integer Pow)
+    dbl = ir.DoubleType()
+    x = s.b.sitofp(v[0], dbl)
+    e = s.b.fpext(v[1], dbl) if is_float(exp_t) else s.b.sitofp(v[1], dbl)
+    return s.b.fptosi(s.intrinsic("llvm.pow", x, e), llvm_type(base_t))
 
-    op_types = ("Clip",)
 
-    def infer(self, node: Node, ins: list[Operand | None]) -> list[TensorType]:
-        return [ins[0].type]
+@scalar_op("Sum", "Mean", dtypes=NUMERIC)
+def _sum(s: Scalar, v: list[ir.Value]) -> ir.Value:
+    acc = v[0]
+    for x in v[1:]:
+        acc = s.b.fadd(acc, x) if s.is_float else s.b.add(acc, x)
+    if s.node.op_type == "Mean":
+        acc = s.b.fdiv(acc, s.f(len(v))) if s.is_float else s.b.sdiv(acc, s.const(len(v)))
+    return acc
+
+
+@scalar_op("Max", "Min", dtypes=NUMERIC)
+def _max_min(s: Scalar, v: list[ir.Value]) -> ir.Value:
+    pick = s.max if s.node.op_type == "Max" else s.min
+    acc = v[0]
+    for x in v[1:]:
+        acc = pick(acc, x)
+    return acc
+
+
+@scalar_op("Clip", dtypes=NUMERIC)
+def _clip(s: Scalar, v: list[ir.Value]) -> ir.Value:
+    """Bounds from optional inputs 1 and 2 (opset ≥ 11) or the min/max attributes."""
+    present = [i for i, t in enumerate(s.node.inputs) if t]
+    by_pos = dict(zip(present, v))
+    lo = by_pos.get(1, s.const(s.attr("min")) if "min" in s.node.attrs else None)
+    hi = by_pos.get(2, s.const(s.attr("max")) if "max" in s.node.attrs else None)
+    x = v[0]
+    if lo is not None:
+        x = s.select(s.compare("<", x, lo), lo, x)
+    if hi is not None:
+        x = s.select(s.compare(">", x, hi), hi, x)
+    return x
+
+
+@scalar_op("Neg", dtypes=NUMERIC)
+def _neg(s: Scalar, v: list[ir.Value]) -> ir.Value:
+    return s.b.fneg(v[0]) if s.is_float else s.b.sub(s.const(0), v[0])
+
+
+@scalar_op("Abs", dtypes=NUMERIC)
+def _abs(s: Scalar, v: list[ir.Value]) -> ir.Value:
+    if s.is_float:
+        return s.intrinsic("llvm.fabs", v[0])
+    return s.select(s.compare("<", v[0], s.const(0)), s.b.sub(s.const(0), v[0]), v[0])
+
+
+@scalar_op("Sign", dtypes=NUMERIC)
+def _sign(s: Scalar, v: list[ir.Value]) -> ir.Value:
+    x, zero = v[0], s.const(0)
+    pos = s.select(s.compare(">", x, zero), s.const(1), zero)
+    out = s.select(s.compare("<", x, zero), s.const(-1), pos)
+    if s.is_float:  # NaN stays NaN (numpy)
+        out = s.select(s.b.fcmp_unordered("uno", x, x), x, out)
+    return out
+
+
+@scalar_op("Reciprocal")
+def _reciprocal(s: Scalar, v: list[ir.Value]) -> ir.Value:
+    return s.b.fdiv(s.f(1.0), v[0])
+
+
+@scalar_op("Sqrt")
+def _sqrt(s: Scalar, v: list[ir.Value]) -> ir.Value:
+    return s.intrinsic("llvm.sqrt", v[0])
+
+
+@scalar_op("Exp")
+def _exp(s: Scalar, v: list[ir.Value]) -> ir.Value:
+    return s.intrinsic("llvm.exp", v[0])
+
+
+@scalar_op("Log")
+def _log(s: Scalar, v: list[ir.Value]) -> ir.Value:
+    return s.intrinsic("llvm.log", v[0])
+
+
+@scalar_op("Floor")
+def _floor(s: Scalar, v: list[ir.Value]) -> ir.Value:
+    return s.intrinsic("llvm.floor", v[0])
+
+
+@scalar_op("Ceil")
+def _ceil(s: Scalar, v: list[ir.Value]) -> ir.Value:
+    return s.intrinsic("llvm.ceil", v[0])
+
+
+@scalar_op("Round")
+def _round(s: Scalar, v: list[ir.Value]) -> ir.Value:
+    return s.intrinsic("llvm.roundeven", v[0])  # halves to even, as ONNX and numpy
+

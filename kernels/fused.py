@@ -10,13 +10,10 @@ from __future__ import annotations
 
 import llvmlite.ir as ir
 from polyml.kernels import Kernel, Operand, register
-from polyml.kernels.elementwise import scalar
+from polyml.kernels._scalar import outer_parallel_dims, result_dtype, scalar
 
 from polyml.codegen.builder import Buffer, KernelBuilder
 from polyml.graph import Node, TensorType
-
-#: below this many elements a parallel region costs more than it saves
-PARALLEL_MIN_ELEMENTS = 1 << 15
 
 
 def evaluate_chain(k: KernelBuilder, chain: list[Node], known: dict[str, ir.Value], buffers: dict[str, Buffer],
@@ -24,24 +21,21 @@ def evaluate_chain(k: KernelBuilder, chain: list[Node], known: dict[str, ir.Valu
     """Compute ``chain`` at output index ``ix``: values of earlier ops come from ``known``,
     external tensors are loaded (with numpy broadcasting) from ``buffers``."""
     vals = dict(known)
+    dtypes = {t: "float32" for t in known}  # the accumulator of an epilogue host
     for n in chain:
-        args = []
+        args, arg_types = [], []
         for t in n.inputs:
             if not t:
                 continue
             if t not in vals:
                 buf = buffers[t]
                 vals[t] = buf.load(buf.broadcast_index(ix))
+                dtypes[t] = buf.type.dtype
             args.append(vals[t])
-        vals[n.outputs[0]] = scalar(k, n, args)
+            arg_types.append(dtypes[t])
+        vals[n.outputs[0]] = scalar(k, n, args, arg_types)
+        dtypes[n.outputs[0]] = result_dtype(n, arg_types)
     return vals[chain[-1].outputs[0]]
-
-
-def _outer_parallel_dims(shape: tuple[int, ...]) -> int:
-    size = 1
-    for d in shape:
-        size *= d
-    return len(shape) - 1 if size >= PARALLEL_MIN_ELEMENTS and len(shape) > 1 else 0
 
 
 @register
@@ -57,7 +51,7 @@ class FusedElementwise(Kernel):
     def lower(self, k: KernelBuilder) -> None:
         out = k.outputs[0]
         buffers = {b.name: b for b in k.inputs if b is not None}
-        with k.loops(out.shape, parallel=_outer_parallel_dims(out.shape)) as ix:
+        with k.loops(out.shape, parallel=outer_parallel_dims(out.shape)) as ix:
             out.store(ix, evaluate_chain(k, k.node.attrs["body"], {}, buffers, ix))
 
 
@@ -70,5 +64,5 @@ def epilogue(k: KernelBuilder, y: Buffer) -> None:
     start = k.node.attrs["epilogue_start"]
     buffers = {b.name: b for b in k.inputs[start:] if b is not None}
     acc = k.node.attrs["epilogue_acc"]
-    with k.loops(y.shape, names=[f"e{d}" for d in range(y.rank)], parallel=_outer_parallel_dims(y.shape)) as ix:
+    with k.loops(y.shape, names=[f"e{d}" for d in range(y.rank)], parallel=outer_parallel_dims(y.shape)) as ix:
         y.store(ix, evaluate_chain(k, chain, {acc: y.load(ix)}, buffers, ix))

@@ -17,7 +17,7 @@ import llvmlite.ir as ir
 import numpy as np
 from polyml.kernels import Kernel, Operand, const_ints, normalize_axis, register
 
-from polyml.codegen.builder import LLVM_TYPES, KernelBuilder, llvm_type
+from polyml.codegen.builder import LLVM_TYPES, KernelBuilder, constant
 from polyml.errors import GraphError, ShapeError
 from polyml.graph import Node, TensorType
 
@@ -27,14 +27,6 @@ def _movable(node: Node, op: Operand | None, i: int) -> str | None:
     if op is not None and op.type.dtype not in LLVM_TYPES:
         return f"input {i} ({op.name!r}) is {op.type.dtype}; supported dtypes are {', '.join(LLVM_TYPES)}"
     return None
-
-
-def _scalar(dtype: str, value: float) -> ir.Constant:
-    """An LLVM constant of ``dtype`` (float for float32, integer otherwise)."""
-    t = llvm_type(dtype)
-    if isinstance(t, ir.FloatType):
-        return ir.Constant(t, float(np.float32(value)))
-    return ir.Constant(t, int(value))
 
 
 @register
@@ -193,11 +185,11 @@ class Pad(Kernel):
         # the fill value: a compile-time constant where possible, else a scalar load
         cv = k.inputs[2] if len(k.inputs) > 2 else None
         if cv is not None and k.values[2] is not None:
-            value: ir.Value = _scalar(dtype, np.asarray(k.values[2]).reshape(-1)[0])
+            value: ir.Value = constant(dtype, np.asarray(k.values[2]).reshape(-1)[0])
         elif cv is not None:
             value = cv.load([0] * cv.rank)
         else:
-            value = _scalar(dtype, float(k.attr("value", 0.0)))
+            value = constant(dtype, float(k.attr("value", 0.0)))
 
         # the interior box of the output that input elements land in, per dimension
         inner = [(max(0, b), min(o, b + n)) for b, n, o in zip(begin, x.shape, out.shape)]

@@ -47,7 +47,7 @@ import copy
 from dataclasses import dataclass, field
 
 import numpy as np
-from polyml.kernels.elementwise import ELEMENTWISE
+from polyml.kernels.elementwise import elementwise_ops
 
 from polyml.graph import Graph, Node, TensorType
 
@@ -231,7 +231,7 @@ def _fuse_chains(g: Graph, report: FusionReport) -> None:
     group_of: dict[str, int] = {}  # node name -> group index
     groups: list[list[Node]] = []
     for n in g.nodes:
-        if n.op_type not in ELEMENTWISE or not n.outputs or g.types[n.outputs[0]].dtype != "float32":
+        if n.op_type not in elementwise_ops() or not n.outputs or g.types[n.outputs[0]].dtype != "float32":
             continue
         out_shape = g.types[n.outputs[0]].shape
         joined = False
@@ -335,7 +335,7 @@ def _fuse_pool_prologues(g: Graph, report: FusionReport) -> None:
             continue
         if p.op_type == ELEMENTWISE_OP:
             chain = list(p.attrs["body"])
-        elif p.op_type in ELEMENTWISE and len(p.outputs) == 1 and g.types[t].dtype == "float32":
+        elif p.op_type in elementwise_ops() and len(p.outputs) == 1 and g.types[t].dtype == "float32":
             chain = [copy.copy(p)]
         else:
             continue  # reported by _report_edges (window read)

@@ -3,10 +3,10 @@
 The rule, applied to each case's model (``onnx.backend.test`` builds them in memory; this onnx
 wheel ships no ``data/node`` folder):
 
-1. every node's op type is in :data:`OP_SET` (default domain);
+1. every node's op type is in :data:`OP_SET` (default domain): the op types with a kernel in
+   polyml's registry plus those the frontend always folds (:data:`FOLDED`);
 2. every tensor of the graph (inputs, outputs, initializers, Constant values and intermediates,
-   typed by ONNX shape inference) is float32, except int64 tensors that are consumed only at
-   shape-like operand positions (:data:`SHAPE_OPERANDS`) and are not graph outputs;
+   typed by ONNX shape inference) is one of :data:`DTYPES`;
 3. no node uses a feature polyml deliberately leaves out (:func:`unsupported_feature`).
 
 Cases failing 1 or 2 are out of scope; cases passing 1 and 2 but failing 3 are the explicit
@@ -27,21 +27,21 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper
 
-#: the op types polyml lowers (or folds at compile time)
-OP_SET: frozenset[str] = frozenset(
-    """Conv Gemm MatMul BatchNormalization Relu LeakyRelu Clip Sigmoid Tanh Add Sub Mul Div Sum Max
-    Min MaxPool AveragePool GlobalAveragePool GlobalMaxPool Concat Reshape Flatten Transpose Softmax
-    LRN Dropout Identity Constant ConstantOfShape Unsqueeze Squeeze Pad""".split()
-)
+#: ops the ONNX frontend always evaluates at compile time (shapes are static)
+FOLDED: frozenset[str] = frozenset({"Constant", "ConstantOfShape", "Shape", "Size"})
 
-#: input positions holding shape-like int64 operands (compile-time constants in polyml)
-SHAPE_OPERANDS: dict[str, tuple[int, ...]] = {
-    "Reshape": (1,),  # shape
-    "Pad": (1, 3),  # pads, axes
-    "Squeeze": (1,),  # axes
-    "Unsqueeze": (1,),  # axes
-    "ConstantOfShape": (0,),  # shape
-}
+
+def _op_set() -> frozenset[str]:
+    from polyml.kernels import registry
+
+    return frozenset(op for op in registry() if not op.startswith("polyml.")) | FOLDED
+
+
+#: the op types polyml lowers (or folds at compile time)
+OP_SET: frozenset[str] = _op_set()
+
+#: tensor dtypes generated code computes on
+DTYPES: frozenset[str] = frozenset({"float32", "int64", "int32", "bool"})
 
 
 def _attr(node: onnx.NodeProto, name: str, default: object = None) -> object:
@@ -137,21 +137,12 @@ def judge(name: str, model: onnx.ModelProto) -> Verdict:
     if outside:
         v.reasons = ["ops outside the op set: " + ", ".join(outside), *features]
         return v
-    uses: dict[str, list[tuple[str, int]]] = {}
-    for n in g.node:
-        for pos, t in enumerate(n.input):
-            if t:
-                uses.setdefault(t, []).append((n.op_type, pos))
     outputs = {o.name for o in g.output}
     bad: dict[str, list[str]] = {}
     for t, et in sorted(_tensor_types(model).items()):
         if et is None:
             bad.setdefault("non-tensor (sequence/optional)", []).append(t)
-        elif et == TensorProto.FLOAT:
-            continue
-        elif et == TensorProto.INT64 and t not in outputs and uses.get(t) and all(
-            pos in SHAPE_OPERANDS.get(op, ()) for op, pos in uses[t]
-        ):
+        elif _dtype(et) in DTYPES:
             continue
         else:
             bad.setdefault(f"{_dtype(et)} {'output' if t in outputs else 'data'}", []).append(t)
@@ -192,7 +183,7 @@ def report() -> str:
     w(f"onnx {onnx.__version__}: {len(vs)} node cases, {len(ours)} use an op of polyml's set; ")
     w(f"{len(eligible)} eligible, {len(deliberate)} deliberately excluded, {len(out)} out of scope.\n\n")
     w(f"Op set: {', '.join(sorted(OP_SET))}.\n\n")
-    w("Shape-like int64 operands: " + ", ".join(f"{op} inputs {list(p)}" for op, p in SHAPE_OPERANDS.items()) + ".\n\n")
+    w(f"Tensor dtypes: {', '.join(sorted(DTYPES))}.\n\n")
     w(f"## Eligible ({len(eligible)})\n\n")
     for v in eligible:
         w(f"- `{v.name}` ({', '.join(v.ops)})\n")

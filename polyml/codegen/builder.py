@@ -38,8 +38,25 @@ LLVM_TYPES: dict[str, ir.Type] = {
 }
 
 
+#: dtypes whose LLVM integers are read as signed (bool is 0/1 in a byte, unsigned)
+SIGNED = frozenset({"int64", "int32"})
+INTEGER = frozenset({"int64", "int32"})
+
+
 def llvm_type(dtype: str) -> ir.Type:
     return LLVM_TYPES[dtype]
+
+
+def is_float(dtype: str) -> bool:
+    return isinstance(LLVM_TYPES[dtype], ir.FloatType | ir.DoubleType)
+
+
+def constant(dtype: str, value: float | int | bool) -> ir.Constant:
+    """An LLVM constant of ``dtype`` (rounded to float32 for float32, an integer otherwise)."""
+    t = llvm_type(dtype)
+    if isinstance(t, ir.FloatType):
+        return ir.Constant(t, float(np.float32(value)))
+    return ir.Constant(t, int(value))
 
 
 def pointer_type(t: TensorType) -> ir.PointerType:
@@ -128,6 +145,8 @@ class KernelBuilder:
         self.nests = 0
         #: cache budget (bytes) of a conv row tile's source slice, 0: untiled (codegen.tiling)
         self.tile_bytes = 0
+        #: this op's position in the entry function (reported by :meth:`checked_index`)
+        self.step = 0
         entry = fn.append_basic_block(f"{self.prefix}.entry")
         self.b = ir.IRBuilder(entry)
 
@@ -284,10 +303,41 @@ class KernelBuilder:
     def fmul(self, a: ir.Value, c: ir.Value, reassoc: bool = False) -> ir.Value:
         return self.b.fmul(a, c, flags=REASSOC if reassoc else ())
 
+    def checked_index(self, idx: ir.Value, extent: int, negative: bool = True) -> ir.Value:
+        """A data-dependent index (any integer type) as an i64 in ``[0, extent)``.
+
+        ``negative`` indices count from the end (ONNX's Gather/Scatter convention).  An index out
+        of range would address memory outside the buffer, so it is replaced by 0 and the step
+        number (+1) is written to the module-wide ``polyml_status``, which the runtime checks
+        after every run and reports as an error naming this node.
+        """
+        b = self.b
+        i = b.sext(idx, I64) if idx.type != I64 else idx
+        n = ir.Constant(I64, extent)
+        if negative:
+            i = b.select(b.icmp_signed("<", i, ir.Constant(I64, 0)), b.add(i, n), i)
+        bad = b.icmp_unsigned(">=", i, n)  # negative values are huge unsigned
+        with b.if_then(bad, likely=False):
+            b.store_atomic(ir.Constant(I32, self.step + 1), status_global(self.module), "monotonic", 4)
+        return b.select(bad, ir.Constant(I64, 0), i)
+
     def fill(self, buf: Buffer, value: float) -> None:
         """One nest writing ``value`` to every element of ``buf``."""
         with self.loops(buf.shape, names=[f"z{d}" for d in range(buf.rank)]) as ix:
             buf.store(ix, self.f32(value))
+
+
+STATUS = "polyml_status"
+
+
+def status_global(module: ir.Module) -> ir.GlobalVariable:
+    """``@polyml_status``: 0, or 1 + the step that met an out-of-range index (defined in the
+    entry module, declared in the op modules)."""
+    g = module.globals.get(STATUS)
+    if g is None:
+        g = ir.GlobalVariable(module, I32, STATUS)
+        g.align = 4
+    return g
 
 
 @contextmanager

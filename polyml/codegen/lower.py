@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 
 import llvmlite.ir as ir
 
-from polyml.codegen.builder import I64, Buffer, KernelBuilder, pointer_type, sanitize
+from polyml.codegen.builder import I64, Buffer, KernelBuilder, pointer_type, sanitize, status_global
 from polyml.codegen.memory import FlatCopy, Slot, SlotTable
 from polyml.driver.toolchain import HostTarget
 from polyml.errors import PolymlError
@@ -240,6 +240,7 @@ def _lower_graph(graph: Graph, target: HostTarget, chunks: int = 1, parallel: bo
         kb = KernelBuilder(module, fn, node, [], [], [], [op.value if op else None for op in ops],
                            [op.type if op else None for op in ops], parallel=parallel)
         kb.tile_bytes = tile_bytes
+        kb.step = len(steps)
         args = iter(fn.args)
         for i, t in enumerate(in_names):
             if not t or i in kernel.static_inputs or i in skip:
@@ -340,4 +341,5 @@ def _entry_module(steps: list[Step], nslots: int, target: HostTarget) -> ir.Modu
         g = ir.GlobalVariable(m, ir.IntType(32), name)
         g.initializer = ir.Constant(ir.IntType(32), value)
         g.global_constant = True
+    status_global(m).initializer = ir.Constant(ir.IntType(32), 0)
     return m

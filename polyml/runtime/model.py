@@ -103,6 +103,11 @@ class CompiledModel:
         nslots = ctypes.c_int32.in_dll(self._lib, "polyml_num_slots").value
         if nslots != len(self._slots):
             raise ModelFormatError(f"{self.dir}: model.so has {nslots} slots, manifest {len(self._slots)}")
+        # 1 + the step that met an out-of-range data-dependent index (Gather, Scatter...), else 0
+        try:
+            self._status = ctypes.c_int32.in_dll(self._lib, "polyml_status")
+        except ValueError:
+            self._status = None  # built by an older polyml
         self._table = (ctypes.c_void_p * len(self._slots))()
         for i, s in enumerate(self._slots):
             if s["kind"] == "weight":
@@ -165,8 +170,19 @@ class CompiledModel:
         outs = {n: np.empty(shape, dtype) for n, (shape, dtype) in self.outputs.items()}
         with self._lock:
             self._bind(ready, outs)
-            self._main(self._table)
+            self._call(self._main)
         return outs
+
+    def _call(self, entry, *args) -> None:  # noqa: ANN001 - a ctypes function
+        """Run ``entry(table, *args)``; raise where generated code met an index out of range."""
+        if self._status is not None:
+            self._status.value = 0
+        entry(self._table, *args)
+        if self._status is not None and self._status.value:
+            step = self._status.value - 1
+            fns = self.manifest.get("functions", [])
+            what = f"{fns[step]['op_type']} node {fns[step]['node']!r}" if step < len(fns) else f"step {step}"
+            raise InputError(f"{what}: an index in the input data is out of range (the outputs are not valid)")
 
     def profile(self, feeds: dict[str, np.ndarray], repeat: int = 10) -> list[dict]:
         """Median seconds of each op function: the steps run one by one through
@@ -186,7 +202,7 @@ class CompiledModel:
         times = [[] for _ in functions]
         with self._lock:
             self._bind(ready, outs)
-            self._main(self._table)  # warm-up
+            self._call(self._main)  # warm-up; also checks the indices
             for _ in range(repeat):
                 for i in range(len(functions)):
                     t = time.perf_counter()
