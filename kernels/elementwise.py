@@ -67,14 +67,21 @@ def _div(s: Scalar, v: list[ir.Value]) -> ir.Value:
 @scalar_op("Mod", dtypes=NUMERIC)
 def _mod(s: Scalar, v: list[ir.Value]) -> ir.Value:
     a, d = v
+    zero = s.const(0)
     if s.is_float:
-        return s.b.frem(a, d)  # fmod=1 is required for floats: C's fmod
+        r = s.b.frem(a, d)  # C's fmod
+        if s.attr("fmod", 0):
+            return r
+        # numpy's mod: a non-zero remainder takes the divisor's sign, a zero one its sign bit
+        fix = s.b.and_(s.b.fcmp_ordered("!=", r, zero),
+                       s.b.xor(s.b.fcmp_ordered("<", r, zero), s.b.fcmp_ordered("<", d, zero)))
+        r = s.select(fix, s.b.fadd(r, d), r)
+        return s.select(s.b.fcmp_ordered("==", r, zero), s.intrinsic("llvm.copysign", zero, d), r)
     safe, is0, ism1 = _int_divisor(s, d)
-    r = s.select(s.b.or_(is0, ism1), s.const(0), s.b.srem(a, safe))
+    r = s.select(s.b.or_(is0, ism1), zero, s.b.srem(a, safe))
     if s.attr("fmod", 0):
         return r
     # Python's %: a non-zero remainder takes the divisor's sign
-    zero = s.const(0)
     fix = s.b.and_(s.b.icmp_signed("!=", r, zero),
                    s.b.xor(s.b.icmp_signed("<", r, zero), s.b.icmp_signed("<", d, zero)))
     return s.select(fix, s.b.add(r, d), r)
@@ -93,7 +100,7 @@ def _pow(s: Scalar, v: list[ir.Value]) -> ir.Value:
     return s.b.fptosi(s.intrinsic("llvm.pow", x, e), llvm_type(base_t))
 
 
-@scalar_op("Sum", "Mean", dtypes=NUMERIC)
+@scalar_op("Sum", "Mean")  # float types only in ONNX
 def _sum(s: Scalar, v: list[ir.Value]) -> ir.Value:
     acc = v[0]
     for x in v[1:]:

@@ -66,6 +66,8 @@ def unsupported_feature(n: onnx.NodeProto) -> str | None:
         return "MaxPool Indices output"
     if n.op_type == "Dropout" and _n_outputs(n) > 1:
         return "Dropout mask output"
+    if n.op_type == "Dropout" and len(n.input) > 2 and n.input[2]:
+        return "Dropout training mode (elements dropped at random)"
     return None
 
 

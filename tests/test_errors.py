@@ -76,14 +76,14 @@ def test_unsupported_ops_are_all_listed(tmp_path: Path) -> None:
 def test_non_float32_data_to_float_ops(tmp_path: Path, dtype: int, np_dtype: type) -> None:
     """int64 or double data reaching float-only ops: UnsupportedError naming node and dtype."""
     x = helper.make_tensor_value_info("x", dtype, [3])
-    nodes = [helper.make_node("Add", ["x", "x"], ["a"], name="add_int"), helper.make_node("Relu", ["x"], ["b"], name="relu_int")]
+    nodes = [helper.make_node("Sigmoid", ["x"], ["a"], name="sigmoid_int"), helper.make_node("Relu", ["x"], ["b"], name="relu_int")]
     outs = [helper.make_empty_tensor_value_info(o) for o in ("a", "b")]
     model = helper.make_model(helper.make_graph(nodes, "g", [x], outs), opset_imports=[helper.make_opsetid("", 13)])
     with pytest.raises(UnsupportedError) as info:
         polyml.compile(save(model, tmp_path / "m.onnx"), tmp_path / "out")
     msg = str(info.value)
     dname = np.dtype(np_dtype).name
-    assert "Add node 'add_int'" in msg and "Relu node 'relu_int'" in msg
+    assert "Sigmoid node 'sigmoid_int'" in msg and "Relu node 'relu_int'" in msg
     assert f"is {dname}" in msg and "float32" in msg, msg
 
 
@@ -129,6 +129,18 @@ def test_not_an_onnx_file(tmp_path: Path, content: bytes) -> None:
     path.write_bytes(content)
     with pytest.raises(ModelFormatError, match="model.onnx"):
         polyml.compile(path, tmp_path / "out")
+
+
+def test_op_type_not_utf8(tmp_path: Path) -> None:
+    """A byte-flipped op type (protobuf hands it over as bytes): one ModelFormatError naming it."""
+    data = relu_model().SerializeToString()
+    i = data.index(b"Relu")
+    path = tmp_path / "flipped.onnx"
+    path.write_bytes(data[:i] + b"\xffelu" + data[i + 4 :])
+    with pytest.raises(ModelFormatError) as info:
+        polyml.compile(path, tmp_path / "out")
+    msg = str(info.value)
+    assert "flipped.onnx" in msg and "UTF-8" in msg and "op_type" in msg and "\n" not in msg, msg
 
 
 def test_missing_file(tmp_path: Path) -> None:

@@ -37,8 +37,31 @@ def load_model(path: str | os.PathLike) -> onnx.ModelProto:
         raise ModelFormatError(f"{p}: not a readable ONNX model ({type(e).__name__}: {e})") from None
     if not model.graph.node and not model.graph.output:
         raise ModelFormatError(f"{p}: not an ONNX model (empty graph; truncated or another format?)")
+    check_strings(model, str(p))
     _load_external_data(model, p.parent.resolve())
     return model
+
+
+def check_strings(model: onnx.ModelProto, where: str = "model") -> None:
+    """Refuse names that are not valid UTF-8 (protobuf hands them over as bytes): a corrupted
+    or byte-flipped file, reported once with every bad field instead of failing later."""
+    bad: list[str] = []
+    g = model.graph
+    for i, n in enumerate(g.node):
+        for field in ("op_type", "domain", "name"):
+            if isinstance(getattr(n, field), bytes):
+                bad.append(f"node #{i} {field} {getattr(n, field)!r}")
+        for j, t in enumerate([*n.input, *n.output]):
+            if isinstance(t, bytes):
+                bad.append(f"node #{i} tensor name #{j} {t!r}")
+    for kind, items in (("input", g.input), ("output", g.output), ("initializer", g.initializer)):
+        for vi in items:
+            if isinstance(vi.name, bytes):
+                bad.append(f"graph {kind} name {vi.name!r}")
+    if bad:
+        shown = "; ".join(bad[:5]) + (f"; and {len(bad) - 5} more" if len(bad) > 5 else "")
+        raise ModelFormatError(f"{where}: not a valid ONNX model: {len(bad)} name(s) are not valid UTF-8 text "
+                               f"({shown}). The file is probably corrupted; export the model again.")
 
 
 def _load_external_data(model: onnx.ModelProto, base: Path) -> None:
@@ -105,6 +128,8 @@ def from_onnx(
     """
     if not isinstance(model, onnx.ModelProto):
         model = load_model(model)
+    else:
+        check_strings(model)
     input_shapes = dict(input_shapes or {})
     input_values = dict(input_values or {})
     g = model.graph
