@@ -3,7 +3,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PYTEST_WORKERS ?= 2
 
-.PHONY: setup demo test test-fast lint bench clean
+.PHONY: setup demo test test-fast lint bench lock dist docker clean
 
 setup:
 	@scripts/install.sh $(VENV)
@@ -22,6 +22,14 @@ lint: setup
 
 bench: setup
 	$(PY) scripts/bench_cnns.py
+
+# requirements/*.txt from pyproject.toml's ranges (uv); UPGRADE=1 takes the newest versions
+lock:
+	@UPGRADE=$(UPGRADE) scripts/lock.sh
+
+# the sdist and the wheel built from it, into dist/
+dist: setup
+	@scripts/dist.sh dist
 
 clean:
 	rm -rf build dist *.egg-info .pytest_cache

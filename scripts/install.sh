@@ -1,10 +1,17 @@
 #!/usr/bin/env bash
 # Install what polyml needs, idempotently: Debian's LLVM 19 with Polly (apt) and a virtual
-# environment with polyml in editable mode plus its test extras (pip). Quick when all is there.
+# environment with the locked Python packages and polyml (pip). Quick when all is there.
 # Used by `make setup`, CI (.ci/run → make test) and docker/Dockerfile.
 #   scripts/install.sh [VENV]      (default .venv; VENV=- installs into the current Python)
+# Python packages come from the lock files (exact versions and sha256, pip --require-hashes):
+# requirements/test.txt for the test and bench extras, requirements/runtime.txt for none
+# (POLYML_EXTRAS=""). Then polyml itself, without dependencies: editable from this checkout, or
+# from the wheelhouse's polyml wheel. Extras outside the lock (cuda, tf) are resolved by pip
+# from pyproject.toml's ranges on top, unpinned.
 # Environment (all optional):
 #   POLYML_EXTRAS=test,bench                   pip extras (default test)
+#   POLYML_WHEELHOUSE=DIR                      install offline from DIR (--no-index): the locked
+#                                              wheels and polyml-*.whl (docker/build.sh makes it)
 #   POLYML_LLVM_APT_VERSION=1:19.1.7-3~deb12u1 exact apt version of llvm-19 clang-19 libpolly-19-dev
 #   POLYML_PYTHON_APT_VERSION=3.11.2-1+b1      exact apt version of python3 python3-venv, installed
 #                                              only when the Python found has no working venv
@@ -13,7 +20,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 VENV=${1:-.venv}
 LLVM=19
-EXTRAS=${POLYML_EXTRAS:-test}
+EXTRAS=${POLYML_EXTRAS-test}
+WHEELHOUSE=${POLYML_WHEELHOUSE:-}
 PY=${PYTHON:-python3}
 LLVM_PIN=${POLYML_LLVM_APT_VERSION:-}
 PY_PIN=${POLYML_PYTHON_APT_VERSION:-}
@@ -56,8 +64,43 @@ else
   PIP=("$VENV/bin/python" -m pip)
   stamp="$VENV/.polyml-installed"
 fi
-# reinstall when pyproject.toml changed or other extras are asked for
-if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ] || [ "$(cat "$stamp")" != "$EXTRAS" ]; then
-  run "${PIP[@]}" install -q --disable-pip-version-check -e ".[$EXTRAS]"
-  [ -n "$DRY" ] || echo "$EXTRAS" > "$stamp"
+PIP+=(install -q --disable-pip-version-check)
+
+# which lock: test.txt covers the test and bench extras, runtime.txt none; other extras go unlocked
+LOCK=requirements/runtime.txt
+unlocked=()
+IFS=, read -r -a extras <<< "$EXTRAS"
+for e in "${extras[@]}"; do
+  case "$e" in
+    "") ;;
+    test|bench) LOCK=requirements/test.txt ;;
+    *) unlocked+=("$e") ;;
+  esac
+done
+[ -f "$LOCK" ] || { echo "install.sh: $LOCK missing (make lock writes it)" >&2; exit 2; }
+offline=()
+polyml=(-e .)
+if [ -n "$WHEELHOUSE" ]; then
+  offline=(--no-index --find-links "$WHEELHOUSE")
+  whl=$(find "$WHEELHOUSE" -maxdepth 1 -name 'polyml-*.whl' | head -1)
+  [ -n "$whl" ] || { echo "install.sh: no polyml-*.whl in $WHEELHOUSE" >&2; exit 2; }
+  polyml=("$whl")
+fi
+# reinstall when the lock, pyproject.toml, the extras or the source of polyml changed
+want="$EXTRAS $(sha256sum "$LOCK" | cut -c1-64) ${polyml[*]}"
+if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
+  echo "install.sh: pip install --require-hashes -r $LOCK${WHEELHOUSE:+ (offline, from $WHEELHOUSE)}"
+  run "${PIP[@]}" "${offline[@]}" --require-hashes -r "$LOCK"
+  # polyml itself; the locked setuptools builds it (no download of a build environment)
+  run "${PIP[@]}" "${offline[@]}" --no-deps --no-build-isolation "${polyml[@]}"
+  if [ ${#unlocked[@]} -gt 0 ]; then
+    spec=$(IFS=,; echo "${unlocked[*]}")
+    echo "install.sh: extras not in the lock, resolved from pyproject.toml's ranges: $spec"
+    if [ -n "$WHEELHOUSE" ]; then
+      run "${PIP[@]}" "${offline[@]}" "polyml[$spec] @ file://$(realpath "${polyml[0]}")"
+    else
+      run "${PIP[@]}" -e ".[$spec]"
+    fi
+  fi
+  [ -n "$DRY" ] || echo "$want" > "$stamp"
 fi

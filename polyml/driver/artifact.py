@@ -33,14 +33,17 @@ VOLATILE = ("seconds", "artifact_sha256")
 
 @functools.cache
 def library_versions() -> dict[str, str]:
-    """Versions of the Python side that shapes a build (read from package metadata: no imports)."""
+    """Versions of the Python side that shapes a build (read from package metadata: no imports),
+    and the runtime lock's sha256 with whether the installed packages match it (polyml.lockfile)."""
+    from polyml import lockfile
+
     versions = {"python": platform.python_version()}
     for dist in ("islpy", "numpy", "onnx", "networkx"):
         try:
             versions[dist] = metadata.version(dist)
         except metadata.PackageNotFoundError:
             versions[dist] = ""
-    return versions
+    return {**versions, **lockfile.manifest_fields()}
 
 
 def sha256_file(path: str | os.PathLike) -> str:
