@@ -48,6 +48,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 from polyml.kernels.elementwise import elementwise_ops
+from polyml.passes.attention import FuseAttention
 
 from polyml.graph import Graph, Node, TensorType
 
@@ -74,6 +75,8 @@ class FuseOperators:
 
     name: str = "fuse"
     fold_into_conv: bool = True
+    #: fuse each head's MatMul → chain → Softmax → MatMul (:mod:`polyml.passes.attention`)
+    attention: bool = True
 
     def apply(self, graph: Graph) -> tuple[Graph, FusionReport]:
         g = copy.deepcopy(graph)
@@ -81,6 +84,8 @@ class FuseOperators:
         _batchnorm_to_affine(g)
         if self.fold_into_conv:
             _fold_affine_into_conv(g, report)
+        if self.attention:
+            FuseAttention().apply(g, report)
         _fuse_chains(g, report)
         _fuse_pool_prologues(g, report)
         _report_edges(g, report)
