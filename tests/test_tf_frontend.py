@@ -18,16 +18,38 @@ import polyml
 from polyml import cli
 from polyml.compiler import compile_graph
 from polyml.errors import GraphError, ModelFormatError, ShapeError, UnsupportedError
-from polyml.frontends.tensorflow import from_graphdef, tensor_to_numpy
+from polyml.frontends.tensorflow import from_graphdef, inline_functions, tensor_to_numpy
 from polyml.testing import rel_error
 
 FIXTURES = Path(__file__).parent / "fixtures" / "tf"
 RNG = np.random.default_rng(7)
 TYPE_ATTRS = {"T", "dtype", "out_type", "Tidx", "DstT", "SrcT", "Tpaddings", "Tshape", "U", "Tperm", "Tdim",
-              "Index", "Tmultiples", "Tparams", "Tindices", "Taxis", "index_type"}
+              "Index", "Tmultiples", "Tparams", "Tindices", "Taxis", "index_type", "Tin", "Tout"}
 
 
 # -- building GraphDefs ------------------------------------------------------------------------
+
+def set_attrs(n, attrs: dict) -> None:
+    """Set a NodeDef's attributes from Python values (type attributes by name, see TYPE_ATTRS)."""
+    for k, v in attrs.items():
+        a = n.attr[k]
+        if k in TYPE_ATTRS and isinstance(v, list):
+            a.list.type.extend(v)
+        elif k in TYPE_ATTRS:
+            a.type = v
+        elif isinstance(v, bool):
+            a.b = v
+        elif isinstance(v, int):
+            a.i = v
+        elif isinstance(v, float):
+            a.f = v
+        elif isinstance(v, str):
+            a.s = v.encode()
+        elif isinstance(v, (list, tuple)):
+            a.list.i.extend(int(i) for i in v)
+        else:
+            raise TypeError(k)
+
 
 class G:
     """A GraphDef under construction (the protobuf classes only; no TensorFlow)."""
@@ -37,25 +59,26 @@ class G:
         self.gd.versions.producer = 1882
 
     def node(self, name: str, op: str, inputs: list[str] = (), **attrs) -> str:
-        n = self.gd.node.add(name=name, op=op, input=list(inputs))
-        for k, v in attrs.items():
-            a = n.attr[k]
-            if k in TYPE_ATTRS and isinstance(v, list):
-                a.list.type.extend(v)
-            elif k in TYPE_ATTRS:
-                a.type = v
-            elif isinstance(v, bool):
-                a.b = v
-            elif isinstance(v, int):
-                a.i = v
-            elif isinstance(v, float):
-                a.f = v
-            elif isinstance(v, str):
-                a.s = v.encode()
-            elif isinstance(v, (list, tuple)):
-                a.list.i.extend(int(i) for i in v)
-            else:
-                raise TypeError(k)
+        set_attrs(self.gd.node.add(name=name, op=op, input=list(inputs)), attrs)
+        return name
+
+    def function(self, name: str, inputs: list[str], rets: dict[str, str], body: list[tuple[str, str, list[str], dict]]) -> None:
+        """A library function of float args ``inputs``, outputs ``rets`` (name → body tensor, in
+        TensorFlow's ``node:out_arg:i`` form) and nodes ``body`` ((name, op, inputs, attrs))."""
+        f = self.gd.library.function.add()
+        f.signature.name = name
+        for a in inputs:
+            f.signature.input_arg.add(name=a, type=types_pb2.DT_FLOAT)
+        for o, t in rets.items():
+            f.signature.output_arg.add(name=o, type=types_pb2.DT_FLOAT)
+            f.ret[o] = t
+        for node_name, op, ins, attrs in body:
+            set_attrs(f.node_def.add(name=node_name, op=op, input=ins), attrs)
+
+    def call(self, name: str, fn: str, inputs: list[str], n_out: int = 1, op: str = "PartitionedCall") -> str:
+        n_in = sum(not t.startswith("^") for t in inputs)
+        self.node(name, op, inputs, Tin=[types_pb2.DT_FLOAT] * n_in, Tout=[types_pb2.DT_FLOAT] * n_out)
+        self.gd.node[-1].attr["f"].func.name = fn
         return name
 
     def placeholder(self, name: str, shape: list[int] | None, dtype: int = types_pb2.DT_FLOAT) -> str:
@@ -607,6 +630,106 @@ def test_tensor_forms() -> None:
     t5.tensor_content = b"\0" * 12
     with pytest.raises(ModelFormatError, match="content bytes"):
         tensor_to_numpy(t5)
+
+
+# -- function library ---------------------------------------------------------------------------
+
+def test_partitioned_call_is_inlined(tmp_path: Path) -> None:
+    """A PartitionedCall of a library function adding its two inputs, against numpy."""
+    g = G()
+    g.placeholder("x", [1, 3, 4])
+    g.placeholder("y", [1, 3, 4])
+    g.function("add2", ["a", "b"], {"sum": "add:z:0"}, [("add", "AddV2", ["a", "b"], {"T": 1})])
+    g.call("call", "add2", ["x", "y"])
+    g.const("call/add", np.float32(0.0))  # takes the name the inlined node would have had
+    graph = from_graphdef(g.gd)
+    # the output keeps the call's name (an Identity view of the inlined Add, as for any TF Identity output)
+    assert graph.outputs == ["call"]
+    assert [(n.name, n.op_type) for n in graph.nodes] == [("call/add_1", "Add"), ("call", "Identity")]
+    m = polyml.compile(g.save(tmp_path / "g.pb"), tmp_path / "art", threads=1, polly=False)
+    x, y = (RNG.standard_normal((1, 3, 4)).astype(np.float32) for _ in range(2))
+    np.testing.assert_array_equal(m.run({"x": x, "y": y})["call"], x + y)
+    plain = small_graph().gd
+    assert inline_functions(plain) is plain  # nothing to inline: the graph itself
+
+
+def nested_calls() -> G:
+    """``model`` (StatefulPartitionedCall of ``outer``) returns ``((x + y) * z - x, (x + y) * z)``
+    through a nested StatefulPartitionedCall of ``add2``, a node whose op is ``add2`` itself,
+    control inputs and a second output read by the graph."""
+    g = G()
+    for name in "xyz":
+        g.placeholder(name, [1, 2, 3, 4])
+    g.function("add2", ["a", "b"], {"sum": "add:z:0"}, [("add", "AddV2", ["a", "b"], {"T": 1})])
+    g.function("outer", ["a", "b", "c"], {"out": "d:sum:0", "prod": "mul:z:0"}, [
+        ("inner", "StatefulPartitionedCall", ["a", "b"], {"Tin": [1, 1], "Tout": [1]}),
+        ("mul", "Mul", ["inner:output:0", "c"], {"T": 1}),
+        ("neg", "Neg", ["a", "^mul"], {"T": 1}),
+        ("d", "add2", ["mul:z:0", "neg:y:0"], {}),
+    ])
+    g.gd.library.function[1].node_def[0].attr["f"].func.name = "add2"
+    g.node("init", "NoOp")
+    g.call("model", "outer", ["x", "y", "z", "^init"], n_out=2, op="StatefulPartitionedCall")
+    g.node("prod_relu", "Relu", ["model:1"], T=1)
+    return g
+
+
+def test_nested_calls_are_inlined(tmp_path: Path) -> None:
+    g = nested_calls()
+    graph = from_graphdef(g.gd, outputs=["model", "model:1", "prod_relu"])
+    names = {n.name for n in graph.nodes}
+    assert {"model/inner/add", "model/mul", "model/neg", "model/d/add", "prod_relu"} <= names, names
+    assert "IdentityN" not in {n.op_type for n in graph.nodes}
+    m = polyml.compile(g.save(tmp_path / "g.pb"), tmp_path / "art", outputs=["model", "model:1", "prod_relu"],
+                       threads=1, polly=False)
+    x, y, z = (RNG.standard_normal((1, 2, 3, 4)).astype(np.float32) for _ in range(3))
+    got = m.run({"x": x, "y": y, "z": z})
+    prod = (x + y) * z
+    np.testing.assert_allclose(got["model"], prod - x, rtol=1e-6, atol=1e-6)
+    np.testing.assert_allclose(got["model:1"], prod, rtol=1e-6, atol=1e-6)
+    np.testing.assert_allclose(got["prod_relu"], np.maximum(prod, 0), rtol=1e-6, atol=1e-6)
+
+
+def test_inlined_unsupported_ops_listed_with_outer_ones() -> None:
+    g = G()
+    g.placeholder("x", [2, 3])
+    g.function("f", ["a"], {"r": "relu:activations:0"}, [
+        ("bits", "SomeCustomOp", ["a"], {"T": 1}),
+        ("relu", "Relu", ["bits:output:0"], {"T": 1}),
+    ])
+    g.call("call", "f", ["x"])
+    g.node("after", "Relu", ["call"], T=1)
+    g.node("custom", "OtherCustomOp", ["x"], T=1)
+    g.node("both", "AddV2", ["after", "custom"], T=1)
+    with pytest.raises(UnsupportedError) as info:
+        from_graphdef(g.gd)
+    msg = str(info.value)
+    assert "2 unsupported node(s)" in msg and "SomeCustomOp node 'call/bits'" in msg and "OtherCustomOp node 'custom'" in msg, msg
+    assert "IdentityN" not in msg and "'call'" not in msg and "'after'" not in msg
+
+
+def test_bad_function_calls() -> None:
+    g = G()
+    g.placeholder("x", [2])
+    g.call("call", "missing", ["x"])
+    with pytest.raises(ModelFormatError, match="calls function 'missing', which the graph's function library does not"):
+        from_graphdef(g.gd)
+    g = G()
+    g.placeholder("x", [2])
+    g.function("loop", ["a"], {"r": "again:output:0"}, [("again", "PartitionedCall", ["a"], {"Tin": [1], "Tout": [1]})])
+    g.gd.library.function[0].node_def[0].attr["f"].func.name = "loop"
+    g.call("call", "loop", ["x"])
+    with pytest.raises(ModelFormatError, match="function 'loop' calls itself"):
+        from_graphdef(g.gd)
+    g = G()
+    g.placeholder("x", [2])
+    g.function("f", ["a"], {"r": "nowhere:z:0"}, [("neg", "Neg", ["a"], {"T": 1})])
+    g.call("call", "f", ["x", "x"])
+    with pytest.raises(ModelFormatError, match="passes 2 inputs to function 'f', which takes 1"):
+        from_graphdef(g.gd)
+    g.gd.node[-1].input.pop()
+    with pytest.raises(ModelFormatError, match="reads 'nowhere:z:0'"):
+        from_graphdef(g.gd)
 
 
 # -- errors ---------------------------------------------------------------------------------------

@@ -8,6 +8,10 @@ The package, laid out like ``kernels/``:
 
 ``loader``
     reading ``.pb`` / ``.pbtxt`` files and their format errors; TensorProto and AttrValue contents.
+``functions``
+    inlining the calls into the graph's function library (``PartitionedCall``,
+    ``StatefulPartitionedCall``, a node whose op is a library function), as frozen Keras graphs
+    contain them.
 ``importer``
     GraphDef → :class:`~polyml.graph.Graph`: inputs, outputs, node order, and the layout
     tracking (TF's NHWC held as NCHW) that every converter works through.
@@ -26,6 +30,7 @@ import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
+from polyml.frontends.tensorflow.functions import inline_functions
 from polyml.frontends.tensorflow.importer import LAYOUTS, Importer
 from polyml.frontends.tensorflow.loader import check_graphdef, load_graphdef, tensor_to_numpy
 from polyml.frontends.tensorflow.rewrites import optimize
@@ -43,12 +48,13 @@ def from_graphdef(
     output tensors (default: the sinks), ``layout`` is ``"nchw"`` (tracked) or ``"nhwc"``."""
     if isinstance(model, (str, os.PathLike)):
         gd = load_graphdef(model)
-        name = Path(model).stem
+        name, where = Path(model).stem, str(Path(model))
     else:
         gd = model
         check_graphdef(gd)
-        name = "graph"
+        name = where = "graph"
+    gd = inline_functions(gd, where)
     return Importer(gd, name, input_shapes, outputs, layout).run()
 
 
-__all__ = ["from_graphdef", "load_graphdef", "tensor_to_numpy", "optimize", "LAYOUTS"]
+__all__ = ["from_graphdef", "load_graphdef", "inline_functions", "tensor_to_numpy", "optimize", "LAYOUTS"]
