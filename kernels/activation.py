@@ -14,7 +14,7 @@ from polyml.kernels._scalar import Scalar, scalar_op
 
 
 def _exp(s: Scalar, x: ir.Value) -> ir.Value:
-    return s.intrinsic("llvm.exp", x)
+    return s.k.exp(x)
 
 
 def _expm1(s: Scalar, x: ir.Value) -> ir.Value:
@@ -77,7 +77,7 @@ def _hard_swish(s: Scalar, v: list[ir.Value]) -> ir.Value:
 
 @scalar_op("Tanh")
 def _tanh(s: Scalar, v: list[ir.Value]) -> ir.Value:
-    return s.libm("tanhf", v[0])
+    return s.k.tanh(v[0])
 
 
 @scalar_op("Softplus")
@@ -92,7 +92,7 @@ def _softsign(s: Scalar, v: list[ir.Value]) -> ir.Value:
 
 @scalar_op("Mish")
 def _mish(s: Scalar, v: list[ir.Value]) -> ir.Value:
-    return s.b.fmul(v[0], s.libm("tanhf", softplus(s, v[0])))
+    return s.b.fmul(v[0], s.k.tanh(softplus(s, v[0])))
 
 
 @scalar_op("Elu")
@@ -129,7 +129,7 @@ def _shrink(s: Scalar, v: list[ir.Value]) -> ir.Value:
 
 @scalar_op("Erf")
 def _erf(s: Scalar, v: list[ir.Value]) -> ir.Value:
-    return s.libm("erff", v[0])
+    return s.k.erf(v[0])
 
 
 @scalar_op("Gelu")
@@ -139,9 +139,9 @@ def _gelu(s: Scalar, v: list[ir.Value]) -> ir.Value:
     if s.attr("approximate", "none") == "tanh":
         x3 = s.b.fmul(s.b.fmul(x, x), x)
         inner = s.b.fmul(s.f(math.sqrt(2.0 / math.pi)), s.b.fadd(x, s.b.fmul(s.f(0.044715), x3)))
-        t = s.libm("tanhf", inner)
+        t = s.k.tanh(inner)
     else:
-        t = s.libm("erff", s.b.fmul(x, s.f(1.0 / math.sqrt(2.0))))
+        t = s.k.erf(s.b.fmul(x, s.f(1.0 / math.sqrt(2.0))))
     return s.b.fmul(s.b.fmul(half, x), s.b.fadd(one, t))
 
 

@@ -168,7 +168,7 @@ def _sqrt(s: Scalar, v: list[ir.Value]) -> ir.Value:
 
 @scalar_op("Exp")
 def _exp(s: Scalar, v: list[ir.Value]) -> ir.Value:
-    return s.intrinsic("llvm.exp", v[0])
+    return s.k.exp(v[0])
 
 
 @scalar_op("Log")

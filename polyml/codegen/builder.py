@@ -18,6 +18,7 @@ from typing import Any
 import llvmlite.ir as ir
 import numpy as np
 
+from polyml.codegen import vmath
 from polyml.graph import Node, TensorType
 
 I64 = ir.IntType(64)
@@ -285,7 +286,14 @@ class KernelBuilder:
         return self.b.call(fn, list(args))
 
     def exp(self, x: ir.Value) -> ir.Value:
-        return self.intrinsic("llvm.exp", x)
+        """``eˣ`` as vectorizable arithmetic (:mod:`polyml.codegen.vmath`; libm's is a scalar call)."""
+        return vmath.exp(self.b, x)
+
+    def tanh(self, x: ir.Value) -> ir.Value:
+        return vmath.tanh(self.b, x)
+
+    def erf(self, x: ir.Value) -> ir.Value:
+        return vmath.erf(self.b, x)
 
     def sqrt(self, x: ir.Value) -> ir.Value:
         return self.intrinsic("llvm.sqrt", x)
