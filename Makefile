@@ -31,5 +31,9 @@ lock:
 dist: setup
 	@scripts/dist.sh dist
 
+# the image of docker/Dockerfile, built and smoke-tested (docker/README.md)
+docker: setup
+	@docker/build.sh
+
 clean:
 	rm -rf build dist *.egg-info .pytest_cache

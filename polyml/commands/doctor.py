@@ -2,7 +2,9 @@
 
 Required (exit 1 when one is missing): LLVM 19's opt (with Polly built in, probed by running it),
 llc and clang, a linkable libgomp, llvmlite, islpy and a readable host CPU. Reported when present:
-CUDA driver, nvcc and ptxas versions.
+CUDA driver, nvcc and ptxas versions. Reported always: the lock files (requirements/runtime.txt and
+test.txt, polyml.lockfile) with their sha256 and whether the installed packages are exactly
+their pins; packages installed from pyproject.toml's ranges instead are no error.
 """
 
 from __future__ import annotations
@@ -162,6 +164,23 @@ def _cuda_driver() -> dict | None:
     return {"version": version, "cuda": api}
 
 
+def _lock() -> dict:
+    from polyml import lockfile
+
+    return {name: lockfile.status(name) for name in lockfile.LOCKS}
+
+
+def _lock_details(s: dict) -> str:
+    if s["file"] is None:
+        return s["differences"][0]
+    where = f"sha256 {s['sha256'][:12]}, {s['packages']} pins"
+    if s["matches"]:
+        return f"installed packages are the locked ones ({where})"
+    more = len(s["differences"]) - 3
+    return (f"{len(s['differences'])} differ ({where}): " + "; ".join(s["differences"][:3])
+            + (f"; {more} more" if more > 0 else ""))
+
+
 def _cache() -> dict:
     from polyml.cache import CompileCache
 
@@ -186,6 +205,7 @@ def collect() -> dict:
     report["islpy"] = _islpy()
     report["cpu"] = _cpu()
     report["threads"] = _threads()
+    report["lock"] = _lock()
     report["cuda"] = {"driver": _cuda_driver(), "nvcc": _cuda_tool("nvcc"), "ptxas": _cuda_tool("ptxas")}
     try:
         report["cache"] = _cache()
@@ -238,6 +258,8 @@ def cmd_doctor(args: argparse.Namespace) -> int:
     table.add_row("cuda driver", "" if drv else "[dim]none[/]", escape(f"{drv['version'] or ''} (CUDA {drv['cuda']})" if drv else "no NVIDIA driver"))
     for k in ("nvcc", "ptxas"):
         table.add_row(k, "" if cuda[k] else "[dim]none[/]", cuda[k] or "not on PATH")
+    for name, s in report["lock"].items():
+        table.add_row(f"lock {name}", "[green]matches[/]" if s["matches"] else "[yellow]differs[/]", escape(_lock_details(s)))
     c = report["cache"]
     table.add_row("cache", "", escape(c.get("error") or f"{c['entries']} build(s), {c['bytes'] / 1e6:.1f} MB in {c['dir']}"))
     table.add_row("python", "", escape(f"{report['python']['version']}  {report['python']['executable']}"))
