@@ -139,7 +139,7 @@ class Attention(Kernel):
     def _softmax_rows(self, k: KernelBuilder, tile: ir.Value, zi: ir.Value, batch: tuple[int, ...], s: int, sk: int,
                       side: dict[str, Buffer]) -> None:
         """Per query row of the tile: the chain at ``[batch(z), i, j]`` (side inputs broadcast),
-        then ``p = exp(x - max) / Σ exp(x - max)`` in place."""
+        then ``p = exp(x - max) / Σ exp(x - max)`` and the post-softmax ops, in place."""
         node = k.node
         chain, acc = node.attrs["chain"], node.attrs["acc"]
         b = k.b
@@ -165,8 +165,12 @@ class Attention(Kernel):
             hi = _row_max(k, at, sk)
             total = _row_exp_sum(k, at, sk, hi)
             inv = k.b.fdiv(k.f32(1.0), total)
+            post = node.attrs.get("post") or []
             with k.loop(0, sk, "norm") as j:
-                k.b.store(k.b.fmul(k.b.load(at(j)), inv), at(j))
+                p = k.b.fmul(k.b.load(at(j)), inv)
+                if post:
+                    p = evaluate_chain(k, post, {node.attrs["probabilities"]: p}, side, [*bidx, i, j])
+                k.b.store(p, at(j))
 
 
 def _row_max(k: KernelBuilder, at, n: int) -> ir.Value:  # noqa: ANN001 - element address callback

@@ -11,8 +11,9 @@ another over all heads; the fused one ``S1 -> [z, 0, i, j, d]``, ``S2 -> [z, 1, 
 sequential schedule still runs source before target, and fuses only then; the score and
 probability arrays are then contracted to one tile per thread.
 
-What matches: a Softmax along the last axis whose only reader is a MatMul taking it as its left
-operand; between the Softmax and a first MatMul, a chain of elementwise float ops each read
+What matches: a Softmax along the last axis whose probabilities reach a MatMul's left operand,
+directly or through elementwise ops read nowhere else (the exporters' ``Where(IsNaN(p), 0, p)``
+guard of fully masked rows); between the Softmax and a first MatMul, a chain of elementwise float ops each read
 only by the next, whose other inputs broadcast into the score shape (a scalar scale, an additive
 or ``Where`` mask); the first MatMul's right operand may come from a Transpose of the last two
 axes read by nothing else (then K is read in place, transposed).  Q, K and V must have the
@@ -40,6 +41,7 @@ class Candidate:
     scores: Node  # MatMul Q·K'
     chain: list[Node]  # elementwise ops between the scores and the softmax
     softmax: Node
+    post: list[Node]  # elementwise ops between the softmax and the second product (NaN guards)
     output: Node  # MatMul P·V
     transpose: Node | None  # Transpose producing K' from K (absorbed), if any
     k_transposed: bool = False
@@ -97,7 +99,7 @@ class FuseAttention:
             if fused is None:
                 continue
             replaced[cand.output.name] = fused
-            removed.update(n.name for n in (cand.scores, *cand.chain, cand.softmax))
+            removed.update(n.name for n in (cand.scores, *cand.chain, cand.softmax, *cand.post))
             if cand.transpose is not None:
                 removed.add(cand.transpose.name)
         if replaced:
@@ -115,12 +117,13 @@ class FuseAttention:
         axis = int(sm.attrs.get("axis", -1))
         if len(shape) < 2 or axis not in (-1, len(shape) - 1):
             return None, None
-        out = only_reader(p)
-        if out is None or out.op_type != "MatMul" or out.inputs[0] != p:
-            return None, (sm.label, out.label if out else p, "the softmax output is not read by exactly one MatMul as its left operand")
+        ew = elementwise_ops()
+        post, out = self._post_chain(g, p, ew)
+        if out is None:
+            return None, (sm.label, p, "the probabilities are not read by exactly one MatMul as its left operand "
+                                       "(directly or through elementwise ops read nowhere else)")
         chain: list[Node] = []
         t = sm.inputs[0]
-        ew = elementwise_ops()
         while True:
             n = producers.get(t)
             if n is None:
@@ -154,7 +157,43 @@ class FuseAttention:
         for name in (q, key, v):
             if g.types[name].shape[:-2] != batch or g.types[name].dtype != "float32":
                 return None, (scores.label, out.label, f"{name!r} {g.types[name]} does not have the scores' batch dims {batch}")
-        return Candidate(scores, chain, sm, out, transpose, k_transposed), None
+        return Candidate(scores, chain, sm, post, out, transpose, k_transposed), None
+
+    @staticmethod
+    def _post_chain(g: Graph, p: str, ew: frozenset[str]) -> tuple[list[Node], Node | None]:
+        """The elementwise ops from the probabilities ``p`` to the second product's left operand
+        (exporters guard fully masked rows with ``Where(IsNaN(p), 0, p)``), in graph order, and
+        that product; ``([], None)`` unless every op's outputs stay inside this set."""
+        consumers = g.consumers()
+        inside: list[Node] = []
+        names: set[str] = set()
+        frontier = [p]
+        end: Node | None = None
+        while frontier:
+            t = frontier.pop()
+            if t in g.outputs:
+                return [], None
+            for n in consumers.get(t, []):
+                if n.op_type == "MatMul" and n.inputs[0] == t and t not in (n.inputs[1],):
+                    if end is not None and end is not n:
+                        return [], None
+                    end = n
+                elif n.op_type in ew and n.name not in names:
+                    names.add(n.name)
+                    inside.append(n)
+                    frontier.extend(o for o in n.outputs if o)
+                elif n.name not in names:
+                    return [], None
+        if end is None:
+            return [], None
+        produced = {o for n in inside for o in n.outputs} | {p}
+        if end.inputs[0] not in produced or g.types[end.inputs[0]].dtype != "float32":
+            return [], None
+        order = {n.name: i for i, n in enumerate(g.nodes)}
+        inside.sort(key=lambda n: order[n.name])
+        if inside and inside[-1].outputs[0] != end.inputs[0]:
+            return [], None
+        return inside, end
 
     def _fuse(self, g: Graph, c: Candidate, report) -> Node | None:  # noqa: ANN001
         kt = c.k_transposed
@@ -170,14 +209,15 @@ class FuseAttention:
             report.blocked.append({"producer": c.scores.label, "consumer": c.output.label,
                                    "reason": f"attention not fused: {bad[0]}"})
             return None
-        internal = {c.scores.outputs[0], *(n.outputs[0] for n in c.chain)}
+        internal = {c.scores.outputs[0], c.softmax.outputs[0], *(n.outputs[0] for n in (*c.chain, *c.post))}
         side: list[str] = []
-        for n in c.chain:
+        for n in (*c.chain, *c.post):
             for t in n.inputs:
                 if t and t not in internal and t not in side:
                     side.append(t)
-        members = [c.scores, *([c.transpose] if c.transpose else []), *c.chain, c.softmax, c.output]
+        members = [c.scores, *([c.transpose] if c.transpose else []), *c.chain, c.softmax, *c.post, c.output]
         report.groups.append({"nest": c.output.label, "ops": [n.source or n.label for n in members], "kind": "attention"})
         return Node(f"attention_{c.output.name}", ATTENTION_OP, [q, key, v, *side], list(c.output.outputs),
-                    {"k_transposed": kt, "chain": [copy.copy(n) for n in c.chain], "acc": c.scores.outputs[0]},
+                    {"k_transposed": kt, "chain": [copy.copy(n) for n in c.chain], "acc": c.scores.outputs[0],
+                     "post": [copy.copy(n) for n in c.post], "probabilities": c.softmax.outputs[0]},
                     source=c.output.label, opset=c.output.opset)

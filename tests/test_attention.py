@@ -38,6 +38,20 @@ def attention_model(b: int, h: int, s: int, d: int, sk: int | None = None, dv: i
         feeds["mask"] = m
         nodes.append(helper.make_node("Add", ["scaled", "mask"], ["masked"], name="mask"))
         last = "masked"
+    elif mask == "nan-guard":  # torch's SDPA export: a fully masked row gives NaN, then 0
+        m = np.zeros((b, 1, s, sk), np.float32)
+        m[:, :, 0, :] = -np.inf
+        feeds["mask"] = m
+        inits["zero"] = np.array(0.0, np.float32)
+        nodes.append(helper.make_node("Add", ["scaled", "mask"], ["masked"], name="mask"))
+        nodes += [helper.make_node("Softmax", ["masked"], ["p0"], axis=-1, name="softmax"),
+                  helper.make_node("IsNaN", ["p0"], ["isnan"], name="isnan"),
+                  helper.make_node("Where", ["isnan", "zero", "p0"], ["p"], name="guard"),
+                  helper.make_node("MatMul", ["p", "v"], ["o"], name="pv")]
+        vis = [helper.make_tensor_value_info(n, TensorProto.FLOAT, list(a.shape)) for n, a in feeds.items()]
+        graph = helper.make_graph(nodes, "attention", vis, [helper.make_empty_tensor_value_info("o")],
+                                  initializer=[numpy_helper.from_array(v, n) for n, v in inits.items()])
+        return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), feeds
     elif mask == "causal":
         inits["causal"] = np.tril(np.ones((s, sk), bool))
         inits["neg"] = np.array(-3.4e38, np.float32)
@@ -66,6 +80,7 @@ CASES = {
     "edges": dict(b=2, h=3, s=13, d=7, sk=29, dv=5),  # sizes off the micro-kernel's 12/32 tiles
     "kt-given": dict(b=1, h=2, s=16, d=8, k_layout="given", mask="none"),
     "causal": dict(b=1, h=4, s=33, d=16, mask="causal"),
+    "nan-guard": dict(b=1, h=2, s=16, d=8, mask="nan-guard"),
 }
 
 
