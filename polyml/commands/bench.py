@@ -41,8 +41,16 @@ def _arguments(p: argparse.ArgumentParser) -> None:
 
 
 def random_feeds(model: CompiledModel, seed: int = 0) -> dict[str, np.ndarray]:
+    """Seeded inputs: standard-normal floats; integers and bools 0 or 1, valid wherever an
+    integer input is an index (token ids, positions) or a mask (``--inputs`` for real data)."""
     rng = np.random.default_rng(seed)
-    return {n: rng.standard_normal(shape).astype(dtype) for n, (shape, dtype) in model.inputs.items()}
+    feeds = {}
+    for n, (shape, dtype) in model.inputs.items():
+        if np.issubdtype(dtype, np.floating):
+            feeds[n] = rng.standard_normal(shape).astype(dtype)
+        else:
+            feeds[n] = rng.integers(0, 2, shape).astype(dtype)
+    return feeds
 
 
 def onnxruntime_runner(path: Path, threads: int, feeds: dict[str, np.ndarray]) -> Callable[[], object]:
