@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # `make docker`: build docker/Dockerfile's image and run the smoke test in it.
-#   docker/build.sh [--no-test]
+#   docker/build.sh [--no-test | --context-only]
 # 1. A Docker engine must answer; 2. the base image (docker/Dockerfile's FROM) is used when
 # present, else pulled, else made by docker/make-base.sh (debootstrap) where no registry answers;
 # 3. the build context build/docker-context/ is prepared: the Dockerfile, scripts/install.sh,
@@ -11,7 +11,9 @@
 # test: docker/smoke.py in a container with a host folder mounted at /models (doctor, a bundled
 # CNN built, run and compared with onnxruntime, the rebuild from its manifest), then
 # `polyml build --from-manifest` again in a second, fresh container: the same artifact_sha256.
-# Environment: POLYML_IMAGE (default polyml:VERSION, also tagged polyml:latest),
+# --context-only stops after 3 (no engine needed). Environment:
+#              POLYML_IMAGE (default polyml:VERSION, also tagged polyml:latest),
+#              POLYML_DOCKER_CONTEXT (default build/docker-context),
 #              PYTHON (default .venv/bin/python: pip and setuptools of `make setup`),
 #              SMOKE_DIR (where the smoke test's files stay; default a temporary folder).
 set -euo pipefail
@@ -20,15 +22,22 @@ root=$PWD
 fail() { echo "docker/build.sh: $*" >&2; exit 2; }
 say() { echo "docker/build.sh: $*"; }
 test_too=1
-[ "${1:-}" = "--no-test" ] && test_too=
+context_only=
+case "${1:-}" in
+  "") ;;
+  --no-test) test_too= ;;
+  --context-only) context_only=1 ;;
+  *) fail "unknown argument $1 (--no-test, --context-only)" ;;
+esac
 PY=${PYTHON:-.venv/bin/python}
 [[ "$PY" != */* || "$PY" == /* ]] || PY=$root/$PY
 VERSION=$(sed -n 's/^version = "\(.*\)"/\1/p' pyproject.toml)
 IMAGE=${POLYML_IMAGE:-polyml:$VERSION}
-CTX=build/docker-context
+CTX=${POLYML_DOCKER_CONTEXT:-build/docker-context}
 start=$SECONDS
 
-# 1. the engine
+# 1. the engine (and 2. the base image), unless only the context is wanted
+if [ -z "$context_only" ]; then
 if ! command -v docker >/dev/null; then
   fail "no docker command. On Debian: apt-get install docker.io, then start the engine (systemctl start docker,
 or where there is no systemd: dockerd > /var/log/dockerd.log 2>&1 &). See docker/README.md."
@@ -37,7 +46,6 @@ if ! docker info >/dev/null 2>&1; then
   fail "no Docker engine answers (docker info failed). Start it: systemctl start docker, or as root where there
 is no systemd: dockerd > /var/log/dockerd.log 2>&1 & (Debian's package: apt-get install docker.io). See docker/README.md."
 fi
-[ -x "$PY" ] || command -v "$PY" >/dev/null || fail "$PY not found: run make setup first"
 
 # 2. the base image
 BASE=$(awk 'toupper($1) == "FROM" { print $2; exit }' docker/Dockerfile)
@@ -50,6 +58,9 @@ apt-get install debootstrap, then docker/make-base.sh (see docker/README.md)"
     docker/make-base.sh "$BASE"
   fi
 fi
+fi
+
+[ -x "$PY" ] || command -v "$PY" >/dev/null || fail "$PY not found: run make setup first"
 
 # 3. the build context: only what the Dockerfile copies
 say "preparing $CTX"
@@ -71,6 +82,7 @@ for glibc in $(seq 5 36); do platforms+=(--platform "manylinux_2_${glibc}_x86_64
   -d "$CTX/wheelhouse" -r requirements/test.txt 2> >(grep -v "is ignored: it is neither" >&2) \
   || fail "pip download of requirements/test.txt failed (a package index must be reachable from the host)"
 say "wheelhouse: $(find "$CTX/wheelhouse" -name '*.whl' | wc -l) wheels, $(du -sm "$CTX/wheelhouse" | cut -f1) MB"
+[ -z "$context_only" ] || exit 0
 
 # 4. the image
 docker buildx version >/dev/null 2>&1 || export DOCKER_BUILDKIT=0  # the legacy builder (docker.io 20.10)

@@ -15,6 +15,8 @@
 #   POLYML_LLVM_APT_VERSION=1:19.1.7-3~deb12u1 exact apt version of llvm-19 clang-19 libpolly-19-dev
 #   POLYML_PYTHON_APT_VERSION=3.11.2-1+b1      exact apt version of python3 python3-venv, installed
 #                                              only when the Python found has no working venv
+#   POLYML_INSTALL_STEPS=apt,python            only these steps (docker/Dockerfile: apt, then python,
+#                                              so that a new wheelhouse leaves the apt layer cached)
 #   POLYML_INSTALL_DRY_RUN=1                   print what would be installed, change nothing
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -26,36 +28,40 @@ PY=${PYTHON:-python3}
 LLVM_PIN=${POLYML_LLVM_APT_VERSION:-}
 PY_PIN=${POLYML_PYTHON_APT_VERSION:-}
 DRY=${POLYML_INSTALL_DRY_RUN:-}
+STEPS=,${POLYML_INSTALL_STEPS:-apt,python},
 
 run() {  # run a command, or only show it in a dry run
   if [ -n "$DRY" ]; then echo "install.sh: would run: $*"; else "$@"; fi
 }
 
-want=("llvm-$LLVM" "clang-$LLVM" "libpolly-$LLVM-dev")
-pins=("$LLVM_PIN" "$LLVM_PIN" "$LLVM_PIN")
-if [ "$VENV" != "-" ] && ! "$PY" -c "import ensurepip, venv" 2>/dev/null; then
-  want+=(python3 python3-venv); pins+=("$PY_PIN" "$PY_PIN"); PY=python3
-fi
-need_apt=()
-for i in "${!want[@]}"; do
-  pkg=${want[$i]}; pin=${pins[$i]}
-  have=$(dpkg-query -W -f='${Status} ${Version}' "$pkg" 2>/dev/null || true)
-  if [[ "$have" == "install ok installed "* ]] && { [ -z "$pin" ] || [ "$have" = "install ok installed $pin" ]; }; then
-    continue
+if [[ "$STEPS" == *,apt,* ]]; then
+  want=("llvm-$LLVM" "clang-$LLVM" "libpolly-$LLVM-dev")
+  pins=("$LLVM_PIN" "$LLVM_PIN" "$LLVM_PIN")
+  if [ "$VENV" != "-" ] && ! "$PY" -c "import ensurepip, venv" 2>/dev/null; then
+    want+=(python3 python3-venv); pins+=("$PY_PIN" "$PY_PIN"); PY=python3
   fi
-  need_apt+=("$pkg${pin:+=$pin}")
-done
-if [ ${#need_apt[@]} -gt 0 ]; then
-  echo "install.sh: apt-get install ${need_apt[*]}"
-  SUDO=""; [ "$(id -u)" = 0 ] || SUDO="sudo"
-  run $SUDO apt-get update -qq
-  run $SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${need_apt[@]}"
-fi
-# Polly's parallel code calls GNU OpenMP: libgomp must be linkable.
-if [ -z "$DRY" ] && ! "clang-$LLVM" -print-file-name=libgomp.so | grep -q /; then
-  echo "install.sh: warning: libgomp.so not found by clang-$LLVM (install libgcc-12-dev or gcc)" >&2
+  need_apt=()
+  for i in "${!want[@]}"; do
+    pkg=${want[$i]}; pin=${pins[$i]}
+    have=$(dpkg-query -W -f='${Status} ${Version}' "$pkg" 2>/dev/null || true)
+    if [[ "$have" == "install ok installed "* ]] && { [ -z "$pin" ] || [ "$have" = "install ok installed $pin" ]; }; then
+      continue
+    fi
+    need_apt+=("$pkg${pin:+=$pin}")
+  done
+  if [ ${#need_apt[@]} -gt 0 ]; then
+    echo "install.sh: apt-get install ${need_apt[*]}"
+    SUDO=""; [ "$(id -u)" = 0 ] || SUDO="sudo"
+    run $SUDO apt-get update -qq
+    run $SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${need_apt[@]}"
+  fi
+  # Polly's parallel code calls GNU OpenMP: libgomp must be linkable.
+  if [ -z "$DRY" ] && ! "clang-$LLVM" -print-file-name=libgomp.so | grep -q /; then
+    echo "install.sh: warning: libgomp.so not found by clang-$LLVM (install libgcc-12-dev or gcc)" >&2
+  fi
 fi
 
+if [[ "$STEPS" != *,python,* ]]; then exit 0; fi
 if [ "$VENV" = "-" ]; then
   PIP=("$PY" -m pip)
   stamp=".polyml-installed"
