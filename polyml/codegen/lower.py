@@ -276,7 +276,7 @@ def _lower_graph(graph: Graph, target: HostTarget, chunks: int = 1, parallel: bo
             node = Node(node.name, node.op_type, list(node.inputs), list(node.outputs),
                         {**node.attrs, "in_place": [bool(t) and t in view_of for t in node.inputs]},
                         source=node.source, opset=node.opset)
-        emit(node, kernel, node.inputs, in_types, node.outputs, [types[t] for t in node.outputs])
+        emit(node, kernel, node.inputs, in_types, node.outputs, [types[t] if t else None for t in node.outputs])
     copy = FlatCopy()
     for node, src, key, flat in table.output_copies():
         emit(node, copy, [src], [flat], [key], [flat])

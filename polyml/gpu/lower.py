@@ -179,7 +179,7 @@ def lower_graph_cuda(graph: Graph, verify: bool = True, shared_bytes: int = 0) -
             table.root[node.outputs[0]] = node.inputs[0]
             continue
         emit(node, kernel, node.inputs, [types[t] if t else None for t in node.inputs], node.outputs,
-             [types[t] for t in node.outputs])
+             [types[t] if t else None for t in node.outputs])
     copy = FlatCopy()
     for node, src, key, flat in table.output_copies():
         emit(node, copy, [src], [flat], [key], [flat])
