@@ -30,6 +30,10 @@ from polyml.runtime.model import CompiledModel
 #: shape-like operands of ops that have no kernel because the frontend always folds them
 FOLDED_SHAPE_OPERANDS: dict[str, tuple[int, ...]] = {"ConstantOfShape": (0,)}
 
+#: graph input dtypes specialized as constants: int64 shape operands, float32 ones (Resize's
+#: scales and roi)
+SPECIALIZED_DTYPES = (TensorProto.INT64, TensorProto.FLOAT)
+
 #: cache key of one specialization: (input name, shape, value bytes or b"") per input
 Key = tuple[tuple[str, tuple[int, ...], bytes], ...]
 
@@ -54,7 +58,7 @@ def shape_like_inputs(model: onnx.ModelProto) -> list[str]:
                 uses.setdefault(t, []).append((n.op_type if n.domain in ("", "ai.onnx") else "", pos))
     found = []
     for vi in g.input:
-        if vi.name in inits or vi.name in outputs or vi.type.tensor_type.elem_type != TensorProto.INT64:
+        if vi.name in inits or vi.name in outputs or vi.type.tensor_type.elem_type not in SPECIALIZED_DTYPES:
             continue
         u = uses.get(vi.name, [])
         if u and all(pos in shape_operand_positions(op) for op, pos in u):
@@ -80,6 +84,8 @@ class PolymlRep(BackendRep):
         self.output_names = [o.name for o in g.output]
         #: int64 inputs compiled in as constants (their values are part of the cache key)
         self.specialized = shape_like_inputs(model)
+        self.specialized_dtypes = {vi.name: np.dtype(helper.tensor_dtype_to_np_dtype(vi.type.tensor_type.elem_type))
+                                   for vi in g.input if vi.name in self.specialized}
         #: inputs whose shape is taken from the run's arrays
         self.dynamic = [vi.name for vi in g.input if vi.name not in inits and not _static_shape(vi)]
         self.dynamic = [n for n in self.dynamic if n not in self.specialized]
@@ -111,14 +117,15 @@ class PolymlRep(BackendRep):
     def compiled_for(self, feeds: Mapping[str, np.ndarray]) -> CompiledModel:
         """The compiled model for these inputs' shape-like values and dynamic shapes."""
         key: Key = tuple(
-            (n, tuple(feeds[n].shape), feeds[n].astype(np.int64).tobytes() if n in self.specialized else b"")
+            (n, tuple(feeds[n].shape), feeds[n].tobytes() if n in self.specialized else b"")
             for n in (*self.specialized, *self.dynamic)
         )
         model = self._cache.get(key)
         if model is None:
             for n in self.specialized:
-                if feeds[n].dtype != np.int64:
-                    raise InputError(f"input {n!r}: dtype {feeds[n].dtype}, the model expects int64")
+                want = self.specialized_dtypes[n]
+                if feeds[n].dtype != want:
+                    raise InputError(f"input {n!r}: dtype {feeds[n].dtype}, the model expects {want}")
             model = self._cache[key] = self._compile(feeds)
         return model
 
