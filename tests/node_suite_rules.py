@@ -71,6 +71,36 @@ def unsupported_feature(n: onnx.NodeProto) -> str | None:
     return None
 
 
+#: (op, input positions) whose values set an output's shape: polyml compiles static shapes
+SHAPE_SETTING = {"Range": (0, 1, 2)}
+
+
+def _data_dependent_shapes(model: onnx.ModelProto) -> list[str]:
+    """Ops whose output shape depends on values computed at run time from graph inputs (a
+    graph input feeding the op directly is specialized by the backend, so it does not count)."""
+    g = model.graph
+    inputs = {vi.name for vi in g.input} - {i.name for i in g.initializer}
+    producers = {o: n for n in g.node for o in n.output}
+
+    def from_inputs(t: str, seen: set[str]) -> bool:
+        if t in inputs:
+            return True
+        p = producers.get(t)
+        if p is None or t in seen:
+            return False
+        seen.add(t)
+        return any(from_inputs(i, seen) for i in p.input if i)
+
+    found = []
+    for n in g.node:
+        for pos in SHAPE_SETTING.get(n.op_type, ()):
+            t = n.input[pos] if pos < len(n.input) else ""
+            if t and t not in inputs and t in producers and from_inputs(t, set()):
+                found.append(f"{n.op_type} whose output length is computed from run-time data")
+                break
+    return sorted(set(found))
+
+
 @dataclass
 class Verdict:
     """One case: its op types and why it is not run (empty ``reasons``: eligible)."""
@@ -149,6 +179,7 @@ def judge(name: str, model: onnx.ModelProto) -> Verdict:
         else:
             bad.setdefault(f"{_dtype(et)} {'output' if t in outputs else 'data'}", []).append(t)
     v.reasons = [f"{kind} ({', '.join(ts[:3])}{', ...' if len(ts) > 3 else ''})" for kind, ts in bad.items()]
+    features += _data_dependent_shapes(model)
     v.deliberate = not v.reasons and bool(features)
     v.reasons += features
     return v

@@ -260,6 +260,24 @@ def _fold_and_infer(graph: Graph, model: onnx.ModelProto) -> None:
     graph.nodes = kept
 
 
+def _gather_elements(node: Node, data: np.ndarray, idx: np.ndarray) -> np.ndarray:
+    """GatherElements on constants.  onnx.reference (onnx ≤ 1.23) gathers with ``np.choose``,
+    which takes at most 64 entries along the axis (numpy 2), and its 2-D fallback keeps one index
+    per row: BERT exported without ``token_type_ids`` gathers 128 of 512 there."""
+    axis = int(node.attrs.get("axis", 0))
+    if idx.ndim != data.ndim or not -data.ndim <= axis < data.ndim:
+        raise ShapeError(f"GatherElements node {node.label!r}: data {data.shape}, indices {idx.shape}, axis {axis}")
+    axis %= data.ndim
+    n = data.shape[axis]
+    if any(i > d for k, (i, d) in enumerate(zip(idx.shape, data.shape)) if k != axis):
+        raise ShapeError(f"GatherElements node {node.label!r}: indices {idx.shape} exceed data {data.shape} outside axis {axis}")
+    if idx.size and (idx.min() < -n or idx.max() >= n):
+        raise ShapeError(f"GatherElements node {node.label!r}: index out of range [-{n}, {n})")
+    idx = np.where(idx < 0, idx + n, idx).astype(np.int64)
+    data = data[tuple(slice(None) if d == axis else slice(0, s) for d, s in enumerate(idx.shape))]
+    return np.take_along_axis(data, idx, axis=axis)
+
+
 CONSTANT_ATTRS = {
     "value": None,
     "value_float": np.float32,
@@ -288,6 +306,8 @@ def _fold(node: Node, graph: Graph, model: onnx.ModelProto, proto: onnx.NodeProt
         if any(d < 0 for d in shape):
             raise ShapeError(f"ConstantOfShape node {node.label!r}: negative shape {shape}")
         results = [np.full(shape, fill[0], dtype=fill.dtype)]
+    elif node.op_type == "GatherElements":
+        results = [_gather_elements(node, constants[node.inputs[0]], constants[node.inputs[1]])]
     else:
         from onnx.reference import ReferenceEvaluator
 
