@@ -2,7 +2,8 @@
 # Build polyml's sdist and, from that sdist, its wheel into OUT (default dist/): what a user gets
 # from `pip install polyml-*.whl`, or from the sdist. Built from a copy of the working tree (the
 # files git tracks or would add, so nothing is written into the checkout) with the venv's locked
-# setuptools: no download, the same backend as `make setup`.
+# setuptools: no download, the same backend as `make setup`. The same sources give the same
+# wheel, byte for byte (SOURCE_DATE_EPOCH: the last commit's time).
 #   scripts/dist.sh [OUT]          (make dist)
 # Environment: PYTHON (default .venv/bin/python, which `make setup` makes).
 set -euo pipefail
@@ -18,6 +19,9 @@ from importlib.metadata import version
 sys.exit(int(version("setuptools").split(".")[0]) < 68)
 PYEOF
 
+# reproducible archives: file times in the wheel are the last commit's, not the build's
+SOURCE_DATE_EPOCH=${SOURCE_DATE_EPOCH:-$(git log -1 --format=%ct 2>/dev/null || echo 315532800)}
+export SOURCE_DATE_EPOCH
 tmp=$(mktemp -d /tmp/polyml-dist.XXXXXX)
 trap 'rm -rf "$tmp"' EXIT
 mkdir "$tmp/src"

@@ -127,6 +127,13 @@ def test_wheel_has_every_module_and_the_locks(dist) -> None:
         "top-level folders must install under polyml/"
 
 
+def test_wheel_is_reproducible(dist, tmp_path) -> None:
+    """The same sources give the same wheel, byte for byte (scripts/dist.sh sets SOURCE_DATE_EPOCH)."""
+    _run(["bash", str(ROOT / "scripts" / "dist.sh"), str(tmp_path)], ROOT, {**os.environ, "PYTHON": sys.executable})
+    (again,) = tmp_path.glob("polyml-*.whl")
+    assert again.read_bytes() == dist["wheel"].read_bytes()
+
+
 def test_every_module_imports_from_the_installed_wheel(venv, env, work) -> None:
     code = ("import importlib, json, pkgutil, polyml; "
             "names = [m.name for m in pkgutil.walk_packages(polyml.__path__, 'polyml.')]; "
