@@ -40,11 +40,13 @@ start=$SECONDS
 if [ -z "$context_only" ]; then
 if ! command -v docker >/dev/null; then
   fail "no docker command. On Debian: apt-get install docker.io, then start the engine (systemctl start docker,
-or where there is no systemd: dockerd > /var/log/dockerd.log 2>&1 &). See docker/README.md."
+or where there is no systemd: dockerd > /var/log/dockerd.log 2>&1 &); docker/start-engine.sh does both, as root.
+See docker/README.md."
 fi
 if ! docker info >/dev/null 2>&1; then
   fail "no Docker engine answers (docker info failed). Start it: systemctl start docker, or as root where there
-is no systemd: dockerd > /var/log/dockerd.log 2>&1 & (Debian's package: apt-get install docker.io). See docker/README.md."
+is no systemd: dockerd > /var/log/dockerd.log 2>&1 & (Debian's package: apt-get install docker.io);
+docker/start-engine.sh does both, as root. See docker/README.md."
 fi
 
 # 2. the base image

@@ -104,7 +104,7 @@ def test_no_context_sends_the_working_tree() -> None:
 
 
 @pytest.mark.parametrize("script", ["scripts/install.sh", "scripts/lock.sh", "scripts/dist.sh", "docker/build.sh",
-                                    "docker/make-base.sh"])
+                                    "docker/make-base.sh", "docker/start-engine.sh"])
 def test_script_syntax(script: str) -> None:
     assert subprocess.run(["bash", "-n", str(ROOT / script)]).returncode == 0
     assert os.access(ROOT / script, os.X_OK), f"{script} is not executable"
