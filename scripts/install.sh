@@ -92,9 +92,9 @@ if [ -n "$WHEELHOUSE" ]; then
   [ -n "$whl" ] || { echo "install.sh: no polyml-*.whl in $WHEELHOUSE" >&2; exit 2; }
   polyml=("$whl")
 fi
-# reinstall when the lock, pyproject.toml, the extras or the source of polyml changed
+# reinstall when the lock, pyproject.toml, setup.py (packages), the extras or the source of polyml changed
 want="$EXTRAS $(sha256sum "$LOCK" | cut -c1-64) ${polyml[*]}"
-if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
+if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ] || [ setup.py -nt "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
   echo "install.sh: pip install --require-hashes -r $LOCK${WHEELHOUSE:+ (offline, from $WHEELHOUSE)}"
   run "${PIP[@]}" "${offline[@]}" --require-hashes -r "$LOCK"
   # polyml itself; the locked setuptools builds it (no download of a build environment)
