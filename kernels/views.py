@@ -8,8 +8,9 @@ copies it into the output buffer.
 from __future__ import annotations
 
 import numpy as np
-from polyml.kernels import Kernel, Operand, const_ints, normalize_axis, register
+from polyml.kernels import Kernel, Operand, const_ints, normalize_axis, register, unsupported_dtype
 
+from polyml.codegen.builder import LLVM_TYPES
 from polyml.errors import ShapeError
 from polyml.graph import Node, TensorType
 
@@ -19,7 +20,10 @@ class _View(Kernel):
     polly = "off"
 
     def supports(self, node: Node, ins: list[Operand | None]) -> str | None:
-        return None  # views move bytes of any dtype
+        x = ins[0]  # views keep the bytes of any dtype the generated code can hold
+        if x is not None and x.type.dtype not in LLVM_TYPES:
+            return unsupported_dtype(0, x, frozenset(LLVM_TYPES))
+        return None
 
     def view(self, node: Node, ins: list[Operand | None]) -> tuple[int, ...]:
         raise NotImplementedError
@@ -118,6 +122,9 @@ class Identity(_View):
     static_inputs = (1, 2)
 
     def supports(self, node: Node, ins: list[Operand | None]) -> str | None:
+        why = super().supports(node, ins)
+        if why:
+            return why
         if node.op_type == "Dropout" and len(node.outputs) > 1 and node.outputs[1]:
             return "the mask output of Dropout is not supported"
         if node.op_type == "Dropout" and len(ins) > 2 and ins[2] is not None:

@@ -87,6 +87,18 @@ def test_non_float32_data_to_float_ops(tmp_path: Path, dtype: int, np_dtype: typ
     assert f"is {dname}" in msg and "float32" in msg, msg
 
 
+def test_float16_model_is_refused_clearly(tmp_path: Path) -> None:
+    """float16 data anywhere (compute ops and views alike): every node listed, with the hint."""
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT16, [2, 3])
+    nodes = [helper.make_node("Identity", ["x"], ["i"], name="copy"), helper.make_node("Relu", ["i"], ["y"], name="act")]
+    model = helper.make_model(helper.make_graph(nodes, "g", [x], [helper.make_empty_tensor_value_info("y")]),
+                              opset_imports=[helper.make_opsetid("", 17)])
+    with pytest.raises(UnsupportedError) as info:
+        polyml.compile(save(model, tmp_path / "m.onnx"), tmp_path / "out")
+    msg = str(info.value)
+    assert "Identity node 'copy'" in msg and "float16" in msg and "convert to float32" in msg, msg
+
+
 # -- shapes ----------------------------------------------------------------------------------
 
 def test_dynamic_input_shape_and_override(tmp_path: Path) -> None:
