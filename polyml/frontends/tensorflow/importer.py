@@ -38,7 +38,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from polyml.errors import GraphError, PolymlError, ShapeError, UnsupportedError
-from polyml.frontends.tensorflow.convert import Unsupported
+from polyml.frontends.tensorflow.convert import Unsupported, patterns
 from polyml.frontends.tensorflow.convert import registry as converters
 from polyml.frontends.tensorflow.loader import TF_DTYPE_NAMES, TF_DTYPES, attr_value
 from polyml.frontends.tensorflow.rewrites import optimize
@@ -116,6 +116,7 @@ class Importer:
         self.name = name
         self.kernels = registry()
         self.converters = converters()
+        self.patterns = patterns()
         self.nodes: list[Node] = []
         self.types: dict[str, TensorType] = {}
         self.constants: dict[str, np.ndarray] = {}
@@ -268,8 +269,14 @@ class Importer:
             cur, want = compose(v.perm, rank), compose(perm, rank)
             q = [cur.index(want[i]) for i in range(rank)]
             out = t if perm is None else f"{t}#{tag(perm)}"
-            name = self.emit("Transpose", [v.name], {"perm": q}, what=f"to_{'tf' if perm is None else tag(perm)}",
-                             out=self.new_tensor_name(out))
+            what = f"to_{'tf' if perm is None else tag(perm)}"
+            shape = self.types[v.name].shape
+            big = [i for i in q if shape[i] != 1]
+            if big == sorted(big):  # only size-1 dims move: the same elements in the same order, a view
+                target = self.const(np.array([shape[i] for i in q], np.int64), "shape")
+                name = self.emit("Reshape", [v.name, target], what=what, out=self.new_tensor_name(out))
+            else:
+                name = self.emit("Transpose", [v.name], {"perm": q}, what=what, out=self.new_tensor_name(out))
         self.cache[key] = name
         return name
 
@@ -307,7 +314,7 @@ class Importer:
         why = kernel.supports(node, ops)
         if why:
             raise Unsupported(why)
-        (tt,) = kernel.infer(node, ops)
+        tt = kernel.infer(node, ops)[0]  # optional further outputs (LayerNormalization's Mean, ...) are not used
         self.types[out] = TensorType(tuple(int(d) for d in tt.shape), tt.dtype)
         self.node_names.add(name)
         self.nodes.append(node)
@@ -380,10 +387,16 @@ class Importer:
             if missing:
                 raise Unsupported(f"reads {missing}, an output polyml does not compute (only output 0 of "
                                   f"{sorted({self.by_name[split_name(t)[0]].op for t in missing})} is supported)")
-            fn = self.converters.get(n.op)
-            if fn is None:
-                raise Unsupported("no lowering for this op type")
-            results = fn(self, n, data)
+            results = None
+            for pat in self.patterns.get(n.op, ()):
+                results = pat(self, n, data)
+                if results is not None:
+                    break
+            if results is None:
+                fn = self.converters.get(n.op)
+                if fn is None:
+                    raise Unsupported("no lowering for this op type")
+                results = fn(self, n, data)
             for i, r in enumerate(results):
                 if r is not None:
                     self.vals[n.name if i == 0 else f"{n.name}:{i}"] = r

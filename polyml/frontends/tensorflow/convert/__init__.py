@@ -16,6 +16,12 @@ or ``imp.tf_order``.  It raises :class:`Unsupported` for a node polyml cannot lo
 importer collects these and reports them all at once, with TF node names) and ``PolymlError``s
 (``ShapeError``, ``GraphError``) for a malformed graph.
 
+A *pattern* is tried before the converter of its op type: registered with ``@pattern("Mul")``,
+it looks back from the node over the NodeDefs that compute its inputs (``_match.py``) and returns
+the node's output values where the subgraph ending there is one op polyml has (``0.5 * x *
+erfc(-x / √2)`` → ``Gelu``), None otherwise.  The IR nodes already emitted for the subgraph's
+inner nodes are pruned when nothing else reads them.
+
 Every module in this package is imported on first use, so adding a file adds its ops.
 """
 
@@ -39,6 +45,8 @@ class Unsupported(Exception):
 
 Converter = Callable[["Importer", object, list[str]], "list[Value | None]"]
 CONVERTERS: dict[str, Converter] = {}
+#: TF op type → patterns tried, in registration order, before its converter
+PATTERNS: dict[str, list[Converter]] = {}
 _loaded = False
 
 
@@ -54,6 +62,24 @@ def converter(*ops: str):
         return fn
 
     return wrap
+
+
+def pattern(*ops: str):
+    """Function decorator: try ``fn`` before the converter of each TF op type in ``ops``; it
+    returns the node's output values, or None where its subgraph does not match."""
+
+    def wrap(fn: Converter) -> Converter:
+        for op in ops:
+            PATTERNS.setdefault(op, []).append(fn)
+        return fn
+
+    return wrap
+
+
+def patterns() -> dict[str, list[Converter]]:
+    """All patterns by TF op type (after importing every module, as :func:`registry`)."""
+    registry()
+    return PATTERNS
 
 
 def registry() -> dict[str, Converter]:

@@ -8,10 +8,14 @@ from collections.abc import Callable
 
 import numpy as np
 
+from polyml.codegen.builder import LLVM_TYPES
 from polyml.errors import PolymlError
 from polyml.frontends.tensorflow.convert import Converter, Unsupported, attr, converter
-from polyml.frontends.tensorflow.importer import Importer, Value
+from polyml.frontends.tensorflow.importer import Importer, Val, Value
 from polyml.frontends.tensorflow.loader import TF_DTYPE_NAMES, TF_DTYPES, attr_value
+
+#: the dtypes tensors computed at run time may have (a run-time Cast converts between them)
+RUNTIME_DTYPES = tuple(LLVM_TYPES)
 
 
 @converter("Const")
@@ -107,7 +111,15 @@ for _op, _fn in CONST_ONLY.items():
 def _cast(imp: Importer, n, ts: list[str]) -> list[Value | None]:
     if imp.is_const(ts[0]):
         return [_cast_value(n, imp.value(ts[0]))]
-    dst = TF_DTYPES.get(int(attr(n, "DstT", 1)))
+    code = int(attr(n, "DstT", 1))
+    dst = TF_DTYPES.get(code)
     if dst is not None and dst.name == imp.dtype(ts[0]):
         return [imp.vals[ts[0]]]
-    raise Unsupported(f"Cast from {imp.dtype(ts[0])} to {TF_DTYPE_NAMES.get(int(attr(n, 'DstT', 0)))} at run time")
+    if dst is None or code == 14 or dst.name not in RUNTIME_DTYPES or imp.dtype(ts[0]) not in RUNTIME_DTYPES:
+        raise Unsupported(f"Cast from {imp.dtype(ts[0])} to {TF_DTYPE_NAMES.get(code, code)} at run time "
+                          f"(supported: {', '.join(RUNTIME_DTYPES)})")
+    from onnx import helper
+
+    v = imp.vals[ts[0]]
+    to = int(helper.np_dtype_to_tensor_dtype(dst))
+    return [Val(imp.emit("Cast", [v.name], {"to": to}, main=True, perm=v.perm), v.perm)]

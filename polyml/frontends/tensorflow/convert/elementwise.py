@@ -105,6 +105,16 @@ def _unary(imp: Importer, n, ts: list[str]) -> list[Value | None]:
     return [elementwise(imp, op, [x])]
 
 
+def _is_identity_factor(imp: Importer, one: str, other: str) -> bool:
+    """``one`` is a constant of ones that, multiplied into ``other``, changes neither its shape nor its dtype."""
+    if not imp.is_const(one) or imp.is_const(other):
+        return False
+    v = imp.value(one)
+    shape = imp.tf_shape(other)
+    return (v.dtype.name == imp.dtype(other) and v.ndim <= len(shape) and bool(np.all(v == 1))
+            and all(d == 1 or d == s for d, s in zip(v.shape[::-1], shape[::-1])))
+
+
 @converter(*BINARY)
 def _binary(imp: Importer, n, ts: list[str]) -> list[Value | None]:
     op, fn = BINARY[n.op]
@@ -126,6 +136,10 @@ def _binary(imp: Importer, n, ts: list[str]) -> list[Value | None]:
         x, y = imp.value(a), imp.value(b)
         with np.errstate(all="ignore"):
             return [_same_dtype(x, fn(x, y))]
+    if n.op == "Mul":  # x * 1 is x (Keras' swish multiplies by beta = 1 first)
+        for one, other in ((a, b), (b, a)):
+            if _is_identity_factor(imp, one, other):
+                return [imp.vals[other]]
     if n.op == "SquaredDifference":
         key = f"{n.name}#diff"
         imp.vals[key] = elementwise(imp, "Sub", [a, b], main=False)
