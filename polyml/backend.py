@@ -30,9 +30,9 @@ from polyml.runtime.model import CompiledModel
 #: shape-like operands of ops that have no kernel because the frontend always folds them
 FOLDED_SHAPE_OPERANDS: dict[str, tuple[int, ...]] = {"ConstantOfShape": (0,)}
 
-#: graph input dtypes specialized as constants: int64 shape operands, float32 ones (Resize's
-#: scales and roi)
-SPECIALIZED_DTYPES = (TensorProto.INT64, TensorProto.FLOAT)
+#: graph input dtypes specialized as constants: int64/int32 shape operands (CumSum's axis,
+#: Range's bounds), float32 ones (Resize's scales and roi)
+SPECIALIZED_DTYPES = (TensorProto.INT64, TensorProto.INT32, TensorProto.FLOAT)
 
 #: cache key of one specialization: (input name, shape, value bytes or b"") per input
 Key = tuple[tuple[str, tuple[int, ...], bytes], ...]
@@ -47,21 +47,33 @@ def shape_operand_positions(op_type: str) -> tuple[int, ...]:
 
 
 def shape_like_inputs(model: onnx.ModelProto) -> list[str]:
-    """int64 graph inputs consumed only at shape-like operand positions (and not outputs)."""
+    """int64 graph inputs consumed only at shape-like operand positions (and not outputs),
+    directly or through nodes whose every output is itself only so consumed (a Slice's
+    ``starts`` computed by ``Sub(Shape(x), shape)``)."""
     g = model.graph
     inits = {i.name for i in g.initializer}
     outputs = {o.name for o in g.output}
-    uses: dict[str, list[tuple[str, int]]] = {}
+    uses: dict[str, list[tuple[str, int, onnx.NodeProto]]] = {}
     for n in g.node:
         for pos, t in enumerate(n.input):
             if t:
-                uses.setdefault(t, []).append((n.op_type if n.domain in ("", "ai.onnx") else "", pos))
+                uses.setdefault(t, []).append((n.op_type if n.domain in ("", "ai.onnx") else "", pos, n))
+    memo: dict[str, bool] = {}
+
+    def shape_like(t: str) -> bool:
+        if t not in memo:
+            memo[t] = False  # a cycle (malformed graph) is not shape-like
+            u = uses.get(t, [])
+            memo[t] = t not in outputs and bool(u) and all(
+                pos in shape_operand_positions(op) or (op and any(n.output) and all(shape_like(o) for o in n.output if o))
+                for op, pos, n in u)
+        return memo[t]
+
     found = []
     for vi in g.input:
-        if vi.name in inits or vi.name in outputs or vi.type.tensor_type.elem_type not in SPECIALIZED_DTYPES:
+        if vi.name in inits or vi.type.tensor_type.elem_type not in SPECIALIZED_DTYPES:
             continue
-        u = uses.get(vi.name, [])
-        if u and all(pos in shape_operand_positions(op) for op, pos in u):
+        if shape_like(vi.name):
             found.append(vi.name)
     return found
 
