@@ -24,7 +24,7 @@ from polyml.testing import rel_error
 FIXTURES = Path(__file__).parent / "fixtures" / "tf"
 RNG = np.random.default_rng(7)
 TYPE_ATTRS = {"T", "dtype", "out_type", "Tidx", "DstT", "SrcT", "Tpaddings", "Tshape", "U", "Tperm", "Tdim",
-              "Index", "Tmultiples", "Tparams", "Tindices", "Taxis", "index_type", "Tin", "Tout"}
+              "Index", "Tmultiples", "Tparams", "Tindices", "Taxis", "index_type", "Tin", "Tout", "Tlen"}
 
 
 # -- building GraphDefs ------------------------------------------------------------------------

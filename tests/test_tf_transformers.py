@@ -339,6 +339,126 @@ def test_runtime_cast_and_unit_factor(tmp_path: Path) -> None:
     assert sorted(ops) == ["Cast", "Cast", "Identity", "Sub"], ops  # x * 1 is x; "same" names an Identity
 
 
+# -- indexing and masks at run time ---------------------------------------------------------------
+
+def indexing_graph() -> tuple[G, dict[str, np.ndarray], dict[str, np.ndarray]]:
+    """StridedSlice (strides, negative steps, ellipsis, new and shrunk axes), Slice, GatherV2
+    (an embedding lookup of int32 ids, run-time data with constant int64 indices), Split,
+    SplitV, Unpack, Pack, Tile, BroadcastTo, and a slice of a channels-first-held Conv output."""
+    from tests.test_tf_frontend import conv_ref
+
+    g = G()
+    x = RNG.standard_normal((2, 5, 6)).astype(np.float32)
+    ids = np.array([3, 0, 9, 3], np.int32)
+    g.placeholder("x", [2, 5, 6])
+    g.placeholder("ids", [4], 3)
+    exp = {}
+
+    def ss(name: str, src: str, b, e, s, ref, **masks) -> None:
+        g.ints(f"{name}/b", b)
+        g.ints(f"{name}/e", e)
+        g.ints(f"{name}/s", s)
+        g.node(name, "StridedSlice", [src, f"{name}/b", f"{name}/e", f"{name}/s"], T=1, Index=3, **masks)
+        exp[name] = ref
+
+    ss("ss_step", "x", [0, 1, 0], [0, 4, 0], [1, 2, -1], x[:, 1:4:2, ::-1], begin_mask=5, end_mask=5)
+    ss("ss_ell", "x", [1, 0, 0, 2], [2, 0, 0, 3], [1, 1, 1, 1], x[1, ..., None, 2],
+       ellipsis_mask=2, new_axis_mask=4, shrink_axis_mask=9)
+    ss("ss_cls", "x", [0, -1], [0, 0], [1, 1], x[:, -1], begin_mask=1, end_mask=1, shrink_axis_mask=2)
+    ss("ss_back", "x", [0, 5], [0, 0], [1, -2], x[..., 5::-2], ellipsis_mask=1, end_mask=2)
+    g.ints("sl/b", [0, 1, 2])
+    g.ints("sl/s", [-1, 3, 2])
+    g.node("slice", "Slice", ["x", "sl/b", "sl/s"], T=1, Index=3)
+    exp["slice"] = x[:, 1:4, 2:4]
+    tn, table = g.f32("table", (10, 4))
+    g.ints("ax0", 0)
+    g.node("embed", "GatherV2", [tn, "ids", "ax0"], Tparams=1, Tindices=3, Taxis=3, batch_dims=0)
+    exp["embed"] = table[ids]
+    g.const("cols", np.array([[5, 0], [5, 2]], np.int64))
+    g.ints("ax2", 2)
+    g.node("gather_x", "GatherV2", ["x", "cols", "ax2"], Tparams=1, Tindices=9, Taxis=3, batch_dims=0)
+    exp["gather_x"] = np.take(x, [[5, 0], [5, 2]], axis=2)
+    g.node("split", "Split", ["ax2", "x"], T=1, num_split=3)
+    for i in range(3):
+        g.node(f"split_{i}", "Identity", [f"split:{i}" if i else "split"], T=1)
+        exp[f"split_{i}"] = x[:, :, 2 * i : 2 * i + 2]
+    g.ints("sizes", [1, -1])
+    g.node("splitv", "SplitV", ["x", "sizes", "ax0"], T=1, Tlen=3, num_split=2)
+    g.node("splitv_1", "Neg", ["splitv:1"], T=1)
+    exp["splitv_1"] = -x[1:]
+    g.node("unpack", "Unpack", ["x"], T=1, num=5, axis=1)
+    g.node("pack", "Pack", ["unpack:4", "unpack"], T=1, N=2, axis=2)
+    exp["pack"] = np.stack([x[:, 4], x[:, 0]], axis=2)
+    g.ints("reps", [1, 2, 1])
+    g.node("tile", "Tile", ["x", "reps"], T=1, Tmultiples=3)
+    exp["tile"] = np.tile(x, (1, 2, 1))
+    g.ints("bshape", [3, 2, 5, 6])
+    g.node("bcast", "BroadcastTo", ["x", "bshape"], T=1, Tidx=3)
+    exp["bcast"] = np.broadcast_to(x, (3, 2, 5, 6))
+    img = RNG.standard_normal((1, 4, 5, 3)).astype(np.float32)
+    g.placeholder("img", [1, 4, 5, 3])
+    wn, w = g.f32("w", (1, 1, 3, 4))
+    g.node("conv", "Conv2D", ["img", wn], T=1, strides=[1, 1, 1, 1], padding="VALID")
+    ss("ss_conv", "conv", [0, 1, 0, 1], [0, 3, 0, 3], [1, 1, 1, 1], conv_ref(img, w)[:, 1:3, :, 1:3],
+       begin_mask=5, end_mask=5)
+    return g, {"x": x, "ids": ids, "img": img}, exp
+
+
+def test_runtime_indexing_matches_numpy(tmp_path: Path) -> None:
+    g, feeds, exp = indexing_graph()
+    run_graph(g, feeds, exp, tmp_path, tol=1e-6)  # copies are exact; the Conv rounds
+
+
+def logical_graph() -> tuple[G, dict[str, np.ndarray], dict[str, np.ndarray]]:
+    """An int32 attention mask compared and selected with, comparisons of floats, logical ops,
+    IsNan, TF1's Select with a row vector, bool → float Cast."""
+    g = G()
+    a = RNG.standard_normal((4, 5)).astype(np.float32)
+    b = RNG.standard_normal((4, 5)).astype(np.float32)
+    a[1, 2] = np.nan
+    mask = np.array([[1, 1, 0, 1, 0]], np.int32)
+    g.placeholder("a", [4, 5])
+    g.placeholder("b", [4, 5])
+    g.placeholder("mask", [1, 5], 3)
+    g.ints("one", 1)
+    g.ints("zero", 0)
+    g.node("keep", "Equal", ["mask", "one"], T=3)
+    g.node("pad", "NotEqual", ["mask", "one"], T=3)
+    g.const("neg", np.float32(-1e9))
+    g.node("masked", "SelectV2", ["keep", "b", "neg"], T=1)
+    exp = {"keep": mask == 1, "pad": mask != 1, "masked": np.where(mask == 1, b, np.float32(-1e9))}
+    for op, fn in (("Less", np.less), ("LessEqual", np.less_equal), ("Greater", np.greater),
+                   ("GreaterEqual", np.greater_equal)):
+        g.node(op.lower(), op, ["a", "b"], T=1)
+        exp[op.lower()] = fn(a, b)
+    g.node("both", "LogicalAnd", ["less", "keep"])
+    g.node("either", "LogicalOr", ["greater", "pad"])
+    g.node("neither", "LogicalNot", ["either"])
+    g.node("nan", "IsNan", ["a"], T=1)
+    exp["both"] = exp["less"] & (mask == 1)
+    exp["neither"] = ~(exp["greater"] | (mask != 1))
+    exp["nan"] = np.isnan(a)
+    g.node("sel", "Select", ["less", "a", "b"], T=1)
+    exp["sel"] = np.where(exp["less"], a, b)
+    g.ints("c/b", [0, 0])
+    g.ints("c/e", [0, 1])
+    g.ints("c/s", [1, 1])
+    g.node("col", "StridedSlice", ["b", "c/b", "c/e", "c/s"], T=1, Index=3, begin_mask=1, end_mask=1, shrink_axis_mask=2)
+    g.const("zf", np.float32(0))
+    g.node("rows", "Greater", ["col", "zf"], T=1)
+    g.node("nb", "Neg", ["b"], T=1)
+    g.node("sel_rows", "Select", ["rows", "b", "nb"], T=1)  # |b| where b[:, 0] > 0 (a holds a NaN)
+    exp["sel_rows"] = np.where((b[:, 0] > 0)[:, None], b, -b)
+    g.node("as_float", "Cast", ["both"], SrcT=10, DstT=1)
+    exp["as_float"] = exp["both"].astype(np.float32)
+    return g, {"a": a, "b": b, "mask": mask}, exp
+
+
+def test_masks_and_selection_match_numpy(tmp_path: Path) -> None:
+    g, feeds, exp = logical_graph()
+    run_graph(g, feeds, exp, tmp_path, tol=0)
+
+
 # -- frozen Keras fixtures ----------------------------------------------------------------------
 
 #: fixture stem → (TF op types its GraphDef must contain, IR op counts its graph must have)
@@ -391,14 +511,16 @@ def test_keras_fixture_cli(stem: str, tmp_path: Path) -> None:
 # -- with TensorFlow (slow, skipped without it) ---------------------------------------------------
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", ["einsum", "gelu", "layer_norm", "dense"])
+@pytest.mark.parametrize("name", ["einsum", "gelu", "layer_norm", "dense", "indexing", "logical"])
 def test_numpy_references_match_tensorflow(name: str) -> None:
     from tests.test_tf_frontend import _tf_run
 
-    graphs = {"einsum": einsum_graph, "gelu": gelu_graph, "layer_norm": layer_norm_graph, "dense": dense_graph}
+    graphs = {"einsum": einsum_graph, "gelu": gelu_graph, "layer_norm": layer_norm_graph, "dense": dense_graph,
+              "indexing": indexing_graph, "logical": logical_graph}
     g, feeds, exp = graphs[name]()
     got = _tf_run(g.gd, feeds, list(exp))
     for k, ref in exp.items():
+        assert got[k].shape == ref.shape and got[k].dtype == ref.dtype, k
         assert rel_error(got[k], ref) <= 1e-5, k
 
 

@@ -1,5 +1,6 @@
 """Const, shape-only ops of static shapes (Shape, Size, ZerosLike, ...) and ops polyml computes
-on constants only (Cast, StridedSlice, Pack, Range, GatherV2, ...): all folded at import.
+on constants only (Fill, Range, FloorDiv, FloorMod): all folded at import; Cast (folded on
+constants, a Cast node at run time).
 """
 
 from __future__ import annotations
@@ -72,34 +73,11 @@ def _cast_value(n, x: np.ndarray) -> np.ndarray:
     return x.astype(TF_DTYPES.get(int(attr(n, "DstT", 1)), np.dtype(np.float32)))
 
 
-def _strided_slice(n, x: np.ndarray, begin: np.ndarray, end: np.ndarray, strides: np.ndarray) -> np.ndarray:
-    masks = {k: int(attr(n, k, 0)) for k in ("begin_mask", "end_mask", "ellipsis_mask", "new_axis_mask", "shrink_axis_mask")}
-    index: list = []
-    for i in range(len(begin)):
-        bit = 1 << i
-        if masks["ellipsis_mask"] & bit:
-            index.append(Ellipsis)
-        elif masks["new_axis_mask"] & bit:
-            index.append(None)
-        elif masks["shrink_axis_mask"] & bit:
-            index.append(int(begin[i]))
-        else:
-            b = None if masks["begin_mask"] & bit else int(begin[i])
-            e = None if masks["end_mask"] & bit else int(end[i])
-            index.append(slice(b, e, int(strides[i])))
-    return np.asarray(x[tuple(index)])
-
-
 #: ops computed at import from constant inputs only: numpy functions of (NodeDef, *input values)
 #: (Cast, and Prod / All / Any, are converted in full by ``_cast`` below and in reduce.py)
 CONST_ONLY: dict[str, Callable[..., np.ndarray]] = {
-    "StridedSlice": _strided_slice,
-    "Pack": lambda n, *xs: np.stack(xs, axis=int(attr(n, "axis", 0))),
     "Fill": lambda n, dims, v: np.full([int(d) for d in dims], v, dtype=v.dtype),
     "Range": lambda n, a, b, d: np.arange(a, b, d).astype(np.result_type(a, b, d)),
-    "GatherV2": lambda n, x, i, axis: np.take(x, i, axis=int(axis)),
-    "Slice": lambda n, x, b, s: x[tuple(slice(int(bb), None if int(ss) < 0 else int(bb) + int(ss)) for bb, ss in zip(b, s))],
-    "Tile": lambda n, x, m: np.tile(x, [int(v) for v in m]),
     "FloorDiv": lambda n, a, b: np.floor_divide(a, b),
     "FloorMod": lambda n, a, b: np.mod(a, b),
 }

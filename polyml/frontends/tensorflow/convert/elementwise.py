@@ -29,6 +29,17 @@ UNARY: dict[str, tuple[str | None, Callable[[np.ndarray], np.ndarray]]] = {
     "Square": (None, lambda x: x * x),
     "Relu6": (None, lambda x: np.clip(x, 0, 6)),
     "LeakyRelu": (None, None),
+    "Log": ("Log", np.log),
+    "Floor": ("Floor", np.floor),
+    "Ceil": ("Ceil", np.ceil),
+    "Round": ("Round", np.round),  # half to even, as TensorFlow and ONNX round
+    "Sign": ("Sign", np.sign),
+    "Sin": ("Sin", np.sin),
+    "Cos": ("Cos", np.cos),
+    "Softplus": ("Softplus", lambda x: np.logaddexp(0, x)),
+    "Softsign": ("Softsign", lambda x: x / (1 + np.abs(x))),
+    "Elu": ("Elu", lambda x: np.where(x > 0, x, np.expm1(x))),
+    "Selu": ("Selu", lambda x: 1.0507009873554805 * np.where(x > 0, x, 1.6732632423543772 * np.expm1(x))),
 }
 
 #: TF op → (IR op, numpy for constant inputs); all broadcast as numpy does
