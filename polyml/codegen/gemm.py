@@ -137,6 +137,11 @@ class GemmSpec:
     #: operand 0 is A already in panel order (:func:`prepack_a`: a compile-time constant
     #: re-laid out once, so the block function does not pack it)
     prepacked_a: bool = False
+    #: > 0: operand 0 is A row-major with this row stride, read in place by the micro-kernel
+    #: for whole ``mr``-row tiles (only a partial last panel is packed). For products with
+    #: few column panels, where packing A costs more than its reuse saves (attention's
+    #: 128×64 @ 64×128 heads: packing A was 20-30 % of the time)
+    lda: int = 0
     #: makes the block function's builder (positioned in its new entry block); a kernel that
     #: evaluates its epilogue with a :class:`KernelBuilder` of its own passes one here
     make_builder: Callable[[ir.Function], ir.IRBuilder] | None = None
@@ -231,15 +236,16 @@ def _function(module: ir.Module, name: str, args: Sequence[ir.Type], attrs: Sequ
     return fn
 
 
-def micro_kernel(module: ir.Module, blk: Blocking, attrs: Sequence[str]) -> ir.Function:
+def micro_kernel(module: ir.Module, blk: Blocking, attrs: Sequence[str], lda: int = 0) -> ir.Function:
     """``ukernel(kc, Ap, Bp, C, ldc, accumulate)``: one ``mr × nr`` register tile of C.
 
-    ``Ap`` is an ``kc × mr`` packed A panel, ``Bp`` a ``kc × nr`` packed B panel; for each step
+    ``Ap`` is an ``kc × mr`` packed A panel (``lda`` > 0: ``mr`` rows of A in place, row
+    stride ``lda``), ``Bp`` a ``kc × nr`` packed B panel; for each step
     ``p`` the kernel loads ``nr/w`` vectors of B, broadcasts each of the ``mr`` A values and
     accumulates ``mr · nr/w`` FMAs into vector registers; at the end it stores (or, with
     ``accumulate``, adds) the tile into ``C`` with row stride ``ldc``.
     """
-    name = f"polyml.ukernel.{blk.mr}x{blk.nr}"
+    name = f"polyml.ukernel.{blk.mr}x{blk.nr}" + (f".lda{lda}" if lda else "")
     existing = module.globals.get(name)
     if existing is not None:
         return existing
@@ -271,10 +277,10 @@ def micro_kernel(module: ir.Module, blk: Blocking, attrs: Sequence[str]) -> ir.F
     b_row = b.gep(bp, [b.mul(p, _c(blk.nr), flags=["nsw"])], inbounds=True)
     b_vecs = [b.load(b.bitcast(b.gep(b_row, [_c(v * blk.width)], inbounds=True), vec.as_pointer()), align=4)
               for v in range(blk.vectors)]
-    a_row = b.gep(ap, [b.mul(p, _c(blk.mr), flags=["nsw"])], inbounds=True)
+    a_row = b.gep(ap, [p if lda else b.mul(p, _c(blk.mr), flags=["nsw"])], inbounds=True)
     new_accs = []
     for r in range(blk.mr):
-        a_val = b.load(b.gep(a_row, [_c(r)], inbounds=True))
+        a_val = b.load(b.gep(a_row, [_c(r * lda if lda else r)], inbounds=True))
         a_vec = b.shuffle_vector(b.insert_element(undef_vec, a_val, ir.Constant(I32, 0)), undef_vec, mask0)
         row = []
         for v in range(blk.vectors):
@@ -323,6 +329,8 @@ def block_function(module: ir.Module, name: str, spec: GemmSpec, blk: Blocking, 
     ``pc`` block.
     """
     ukernel = micro_kernel(module, blk, attrs)
+    direct = spec.lda > 0 and not spec.prepacked_a
+    direct_kernel = micro_kernel(module, blk, attrs, spec.lda) if direct else None
     args = [F32P] * spec.operands + [F32P, F32P, I64, I64, I64, I64]
     fn = _function(module, name, args, attrs, blk.width == 16)
     fn.attributes.add("noinline")
@@ -369,8 +377,9 @@ def block_function(module: ir.Module, name: str, spec: GemmSpec, blk: Blocking, 
                 if spec.prepacked_a:  # panels of rows ic.. in the kc block at pc: A + pc*Mpad + ic*kc
                     a_block = b.gep(ops[0], [b.add(b.mul(pc, _c(_round_up(spec.m, mr))), b.mul(ic, kc))], inbounds=True)
                 else:
-                    a_block = a_pack
-                    _pack_a(b, spec, ops, a_pack, ic, pc, kc, panels_m, mr)
+                    a_block = a_pack  # in place: only the partial last panel (rows past M)
+                    partial = b.sdiv(mc, _c(mr)) if direct else _c(0)
+                    _pack_a(b, spec, ops, a_pack, ic, pc, kc, panels_m, mr, partial)
                 with for_range(b, 0, panels_n, name="jr") as jp:
                     jr = b.mul(jp, _c(nr))
                     cols = _min(b, _c(nr), b.sub(nc, jr))
@@ -382,13 +391,19 @@ def block_function(module: ir.Module, name: str, spec: GemmSpec, blk: Blocking, 
                         i0 = b.add(ic, ir_)
                         j0 = b.add(jc, jr)
                         full = b.and_(b.icmp_signed("==", rows, _c(mr)), b.icmp_signed("==", cols, _c(nr)))
+                        kernel = ukernel
+                        if direct:  # whole row tiles read A in place, the partial one its panel
+                            ap_in_place = b.gep(ops[0], [b.add(b.mul(i0, _c(spec.lda)), pc)], inbounds=True)
+                            whole_rows = b.icmp_signed("==", rows, _c(mr))
+                            ap = b.select(whole_rows, ap_in_place, ap)
+                            kernel = b.select(whole_rows, direct_kernel, ukernel)
                         with b.if_else(full) as (then, otherwise):
                             with then:
-                                b.call(ukernel, [kc, ap, bp, c_addr(i0, j0), ldc, b.not_(first)])
+                                b.call(kernel, [kc, ap, bp, c_addr(i0, j0), ldc, b.not_(first)])
                                 # constant bounds: LLVM vectorizes the epilogue along the tile's row
                                 _tile_epilogue(b, spec, ops, last, i0, j0, _c(mr), _c(nr), c_addr)
                             with otherwise:
-                                b.call(ukernel, [kc, ap, bp, tile, _c(nr), ir.Constant(ir.IntType(1), 0)])
+                                b.call(kernel, [kc, ap, bp, tile, _c(nr), ir.Constant(ir.IntType(1), 0)])
                                 with for_range(b, 0, rows, name="edge.r") as r:
                                     with for_range(b, 0, cols, name="edge.c") as cc:
                                         t = b.load(b.gep(tile, [b.add(b.mul(r, _c(nr)), cc)], inbounds=True))
@@ -433,9 +448,9 @@ def _pack_b_panel(b: ir.IRBuilder, spec: GemmSpec, ops: Sequence[ir.Value], dst_
 
 
 def _pack_a(b: ir.IRBuilder, spec: GemmSpec, ops: Sequence[ir.Value], a_pack: ir.Value, ic: ir.Value, pc: ir.Value,
-            kc: ir.Value, panels_m: ir.Value, mr: int) -> None:
+            kc: ir.Value, panels_m: ir.Value, mr: int, first: ir.Value | None = None) -> None:
     """A[ic:ic+mc, pc:pc+kc] into mr-high panels ``Ap[ip][p][r]`` (rows past M repeat the last)."""
-    with for_range(b, 0, panels_m, name="pack_a.ip") as ip:
+    with for_range(b, first if first is not None else 0, panels_m, name="pack_a.ip") as ip:
         dst_panel = b.gep(a_pack, [b.mul(b.mul(ip, kc), _c(mr))], inbounds=True)
         row0 = b.add(ic, b.mul(ip, _c(mr)))
         with for_range(b, 0, mr, name="pack_a.r") as r:
