@@ -351,9 +351,19 @@ class Gemm(Kernel):
             t.append(TensorType((kk, n)))
         return t
 
+    def constants(self, node: Node, ins: list[Operand | None]) -> list[np.ndarray]:
+        """A constant B' (weights) pre-packed in panel order for the packed GEMM."""
+        if ins[1].value is None or not packed_plan(*self._dims(node, ins)):
+            return []
+        w = np.asarray(ins[1].value, np.float32)
+        return [packed.prepack_b(w.T if node.attrs.get("transB", 0) else w, packed.blocking_for_host())]
+
+    def replaced_inputs(self, node: Node, ins: list[Operand | None]) -> set[int]:
+        return {1} if self.constants(node, ins) else set()
+
     def lower(self, k: KernelBuilder) -> None:
         prefer_wide_vectors(k.fn)
-        a, b, y = k.inputs[0], k.inputs[1], k.outputs[0]
+        a, b, y = k.inputs[0], k.inputs[1] or k.constants[0], k.outputs[0]
         c = k.inputs[2] if len(k.inputs) > 2 else None
         alpha = float(k.attr("alpha", 1.0))
         beta = float(k.attr("beta", 1.0))
@@ -399,9 +409,10 @@ class Gemm(Kernel):
                     v = bld.fadd(v, cv if beta == 1.0 else bld.fmul(cv, ir.Constant(v.type, beta)))
                 return v
 
+        prepacked = k.inputs[1] is None  # B' pre-packed at compile time (constants)
         spec = packed.GemmSpec(m, n, kk, packed.matrix_loader(0, a.shape[1], trans_a),
-                               packed.matrix_loader(1, b.shape[1], trans_b), 3 if c is not None else 2,
-                               epilogue=epilogue)
+                               packed.matrix_loader(1, n if prepacked else b.shape[1], trans_b and not prepacked),
+                               3 if c is not None else 2, epilogue=epilogue, prepacked_b=prepacked)
         packed_product(k, spec, [a, b, *([c] if c is not None else [])], y, k.temps[0])
 
     def _plain(self, k: KernelBuilder, a: Buffer, b: Buffer, y: Buffer) -> None:
@@ -480,14 +491,35 @@ class MatMul(Kernel):
         batched = self._batched(node, sa, sb)
         return batched_temps(*batched) if batched else []
 
+    def constants(self, node: Node, ins: list[Operand | None]) -> list[np.ndarray]:
+        """A constant single-matrix B (weights) pre-packed in panel order for the packed GEMM."""
+        sa, sb = ins[0].type.shape, ins[1].type.shape
+        dims = self._packed_dims(node, sa, sb)
+        if ins[1].value is None or dims is None:
+            return []
+        _, n, kk = dims
+        return [packed.prepack_b(np.asarray(ins[1].value, np.float32).reshape(kk, n), packed.blocking_for_host())]
+
+    def replaced_inputs(self, node: Node, ins: list[Operand | None]) -> set[int]:
+        return {1} if self.constants(node, ins) else set()
+
     def lower(self, k: KernelBuilder) -> None:
         prefer_wide_vectors(k.fn)
-        a, b, y = k.inputs[0], k.inputs[1], k.outputs[0]
-        batch, m, n, kk, _ = self._plan(k.node, a.shape, b.shape)
-        if int(np.prod(b.shape[:-2], dtype=np.int64)) == 1:
+        a, y = k.inputs[0], k.outputs[0]
+        prepacked = k.inputs[1] is None  # B pre-packed at compile time (constants)
+        b = k.constants[0] if prepacked else k.inputs[1]
+        b_shape = k.in_types[1].shape
+        batch, m, n, kk, _ = self._plan(k.node, a.shape, b_shape)
+        if int(np.prod(b_shape[:-2], dtype=np.int64)) == 1:
             # B is one matrix: A's batch dims stack into M (row-major, same memory) -> one 2-D GEMM
             rows = int(np.prod(batch, dtype=np.int64)) * m
-            a2, b2, y2 = view(k, a, (rows, kk)), view(k, b, (kk, n)), view(k, y, (rows, n))
+            a2, y2 = view(k, a, (rows, kk)), view(k, y, (rows, n))
+            if prepacked:
+                spec = packed.GemmSpec(rows, n, kk, packed.matrix_loader(0, kk), packed.matrix_loader(1, n), 2,
+                                       prepacked_b=True)
+                packed_product(k, spec, [a2, b], y2, k.temps[0])
+                return
+            b2 = view(k, b, (kk, n))
             if k.temps:  # packed_plan said yes (host lowering)
                 spec = packed.GemmSpec(rows, n, kk, packed.matrix_loader(0, kk), packed.matrix_loader(1, n), 2)
                 packed_product(k, spec, [a2, b2], y2, k.temps[0])

@@ -218,6 +218,27 @@ def test_packed_gemm_matches_onnxruntime(op: str, inputs: dict, attrs: dict, thr
     check(node_model(op, inputs, **attrs), feeds_for(inputs), threads=threads)
 
 
+@pytest.mark.parametrize("op,inputs,attrs", PACKED_CASES, ids=[f"{c[0]}-{'x'.join(map(str, c[1]['a']))}-{i}" for i, c in enumerate(PACKED_CASES)])
+def test_packed_gemm_constant_weights_prepacked(op: str, inputs: dict, attrs: dict, tmp_path: Path) -> None:
+    """A constant B (the weights) is packed at compile time (gemm.prepack_b), read in place by
+    the block function, and not stored in its original layout."""
+    rng = np.random.default_rng(1)
+    weights = {"b": rng.standard_normal(inputs["b"]).astype(np.float32)}
+    data = {k: v for k, v in inputs.items() if k != "b"}
+    model = node_model(op, {"a": data["a"]}, initializers=weights, **attrs)
+    if "c" in data:  # keep the input order a, b, c
+        model = node_model(op, {"a": data["a"], "c": data["c"]}, initializers=weights, **attrs)
+        model.graph.node[0].input[:] = ["a", "b", "c"]
+    feeds = {k: v for k, v in feeds_for(data).items()}
+    errs = compile_and_compare(model, feeds, output_dir=tmp_path / "build", threads=2)
+    assert errs and max(errs.values()) <= TOL, errs
+    import json
+
+    slots = json.loads((tmp_path / "build" / "manifest.json").read_text())["slots"]
+    names = [s["name"] for s in slots if s["kind"] == "weight"]
+    assert "b" not in names and any("#const" in n for n in names), names
+
+
 def test_packed_gemm_is_used_and_leaves_polly_out(tmp_path: Path) -> None:
     """A large product is lowered by the packed GEMM: a micro-kernel of FMA vectors in a
     module compiled without Polly, no Polly pattern arrays."""

@@ -137,6 +137,9 @@ class GemmSpec:
     #: operand 0 is A already in panel order (:func:`prepack_a`: a compile-time constant
     #: re-laid out once, so the block function does not pack it)
     prepacked_a: bool = False
+    #: operand 1 is B already in panel order (:func:`prepack_b`: constant weights of a
+    #: MatMul/Gemm, packed once at compile time instead of on every run)
+    prepacked_b: bool = False
     #: > 0: operand 0 is A row-major with this row stride, read in place by the micro-kernel
     #: for whole ``mr``-row tiles (only a partial last panel is packed). For products with
     #: few column panels, where packing A costs more than its reuse saves (attention's
@@ -193,10 +196,11 @@ def split(spec: GemmSpec, blk: Blocking, parts: int) -> tuple[str, int]:
         # a pre-packed A is not packed but still streamed from memory by every thread
         a_all = spec.m * spec.k // (READ_PER_PACK if spec.prepacked_a else 1)
         a_share = per * blk.mr * spec.k // (READ_PER_PACK if spec.prepacked_a else 1)
+        b_div = READ_PER_PACK if spec.prepacked_b else 1
         if dim == "n":
-            packed = per * blk.nr * spec.k + a_all
+            packed = per * blk.nr * spec.k // b_div + a_all
         else:
-            packed = spec.k * spec.n + a_share
+            packed = spec.k * spec.n // b_div + a_share
         cost = per * other * tile_macs + PACK_COST_MACS * packed
         if best is None or cost < best[0]:
             best = (cost, dim, per)
@@ -362,13 +366,17 @@ def block_function(module: ir.Module, name: str, spec: GemmSpec, blk: Blocking, 
             # pack B[pc:pc+kc, jc:jc+nc] into nr-wide panels: Bp[jp][p][jj]; columns past the
             # end read the last column (their results are never stored)
             panels_n = b.sdiv(b.add(nc, _c(nr - 1)), _c(nr))
-            with for_range(b, 0, panels_n, name="pack_b.jp") as jp:
-                dst_panel = b.gep(b_pack, [b.mul(b.mul(jp, kc), _c(nr))], inbounds=True)
-                col0 = b.add(jc, b.mul(jp, _c(nr)))
-                if spec.pack_b is not None:
-                    spec.pack_b(b, ops, dst_panel, pc, kc, col0)
-                else:
-                    _pack_b_panel(b, spec, ops, dst_panel, pc, kc, col0, nr)
+            if spec.prepacked_b:  # panels of columns jc.. in the kc block at pc: B + pc*Npad + jc*kc
+                b_block = b.gep(ops[1], [b.add(b.mul(pc, _c(_round_up(spec.n, nr))), b.mul(jc, kc))], inbounds=True)
+            else:
+                b_block = b_pack
+                with for_range(b, 0, panels_n, name="pack_b.jp") as jp:
+                    dst_panel = b.gep(b_pack, [b.mul(b.mul(jp, kc), _c(nr))], inbounds=True)
+                    col0 = b.add(jc, b.mul(jp, _c(nr)))
+                    if spec.pack_b is not None:
+                        spec.pack_b(b, ops, dst_panel, pc, kc, col0)
+                    else:
+                        _pack_b_panel(b, spec, ops, dst_panel, pc, kc, col0, nr)
             m_blocks = b.sdiv(b.add(b.sub(m1, m0), _c(blk.mc - 1)), _c(blk.mc))
             with for_range(b, 0, m_blocks, name="ic") as icb:
                 ic = b.add(m0, b.mul(icb, _c(blk.mc)))
@@ -383,7 +391,7 @@ def block_function(module: ir.Module, name: str, spec: GemmSpec, blk: Blocking, 
                 with for_range(b, 0, panels_n, name="jr") as jp:
                     jr = b.mul(jp, _c(nr))
                     cols = _min(b, _c(nr), b.sub(nc, jr))
-                    bp = b.gep(b_pack, [b.mul(jr, kc)], inbounds=True)
+                    bp = b.gep(b_block, [b.mul(jr, kc)], inbounds=True)
                     with for_range(b, 0, panels_m, name="ir") as ipn:
                         ir_ = b.mul(ipn, _c(mr))
                         rows = _min(b, _c(mr), b.sub(mc, ir_))
@@ -543,6 +551,19 @@ def prepack_a(a: np.ndarray, blk: Blocking, kc_step: int = 1) -> np.ndarray:
     padded[:m] = a
     parts = [padded[:, pc:pc + kc].reshape(mp // blk.mr, blk.mr, -1).transpose(0, 2, 1).ravel()
              for pc in range(0, k, kc)]
+    return np.concatenate(parts) if parts else np.zeros(0, np.float32)
+
+
+def prepack_b(bm: np.ndarray, blk: Blocking) -> np.ndarray:
+    """``B`` (K×N) in the order the block function reads packed B panels, for a constant B:
+    per ``kc`` block of rows, per ``nr``-wide panel of columns (zero columns pad N), the panel
+    ``[p][jj]``.  Element ``(pc + p, j)`` lands at ``pc·Npad + (j - j % nr)·kc_b + p·nr + j % nr``."""
+    k, n = bm.shape
+    npad = _round_up(n, blk.nr)
+    kc = max(1, blk.kc)  # block_kc with kc_step 1
+    padded = np.zeros((k, npad), np.float32)
+    padded[:, :n] = bm
+    parts = [padded[pc:pc + kc].reshape(-1, npad // blk.nr, blk.nr).transpose(1, 0, 2).ravel() for pc in range(0, k, kc)]
     return np.concatenate(parts) if parts else np.zeros(0, np.float32)
 
 
