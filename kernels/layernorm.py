@@ -31,7 +31,6 @@ from __future__ import annotations
 import math
 
 import llvmlite.ir as ir
-import numpy as np
 from polyml.kernels import Kernel, Operand, normalize_axis, register, unsupported_dtype
 from polyml.kernels._scalar import FLOAT
 from polyml.kernels.matmul import view
@@ -107,6 +106,9 @@ class LayerNormalization(Kernel):
         return axis, _prod(shape[:axis]), _prod(shape[axis:])
 
     def supports(self, node: Node, ins: list[Operand | None]) -> str | None:
+        stash = int(node.attrs.get("stash_type", 1))
+        if stash != 1 and any(node.outputs[1:]):
+            return f"stash_type {stash}: Mean and InvStdDev are computed (and typed) as float32 only"
         return _float_inputs(node, ins)
 
     def infer(self, node: Node, ins: list[Operand | None]) -> list[TensorType]:
@@ -130,7 +132,7 @@ class LayerNormalization(Kernel):
         normalized shape, or a scalar)."""
         if p is None or p.size == 1:
             return True
-        dims = [d for d in p.shape]
+        dims = list(p.shape)
         while dims and dims[0] == 1:
             dims.pop(0)
         return tuple(dims) == tuple(norm[len(norm) - len(dims):]) and p.size == _prod(norm)
@@ -315,11 +317,3 @@ class MeanVarianceNormalization(Kernel):
             with k.loops(sub, names=[f"y{d}" for d in range(len(sub))]) as ix:
                 yv.store(red.x_index(ix), k.b.fmul(dev(ix), inv.load(red.y_index(ix))))
 
-
-def reference_layernorm(x: np.ndarray, scale: np.ndarray, bias: np.ndarray | None, axis: int, eps: float) -> np.ndarray:
-    """numpy LayerNormalization (two-pass), for tests and constant folding."""
-    axes = tuple(range(axis % x.ndim, x.ndim))
-    mean = x.mean(axis=axes, keepdims=True)
-    var = ((x - mean) ** 2).mean(axis=axes, keepdims=True)
-    y = (x - mean) / np.sqrt(var + eps) * scale
-    return (y + bias if bias is not None else y).astype(x.dtype)

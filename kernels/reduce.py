@@ -8,11 +8,11 @@ everything unless ``noop_with_empty_axes`` (then each element is reduced alone: 
 runs of adjacent kept or reduced dimensions merged (a view: NCHW over (H, W) becomes
 (N·C, H·W)); each op is ``finish(⊕_r pre(x[k, r]))`` and lowers to
 
-1. ``y[k] = pre(x[k, r = 0])`` — the first element of each reduced group (no identity value);
-2. ``y[k] = y[k] ⊕ pre(x[k, r])`` over the whole input in its own row-major order, ``r ≠ 0``
-   (unit-stride reads; sums and products are reassociable and max/min compare without NaNs,
-   so a reduction along the innermost dimension vectorizes as a recurrence and one along an
-   outer dimension vectorizes across the kept inner one);
+1. ``y[k] = e`` — the identity of ⊕ (-0.0, 1), or for max/min the first element ``x[k, 0]``;
+2. ``y[k] = y[k] ⊕ pre(x[k, r])`` over the whole input in its own row-major order (unit-stride
+   reads, full trip counts; sums and products are reassociable and max/min compare without
+   NaNs, so a reduction along the innermost dimension vectorizes as a recurrence and one along
+   an outer dimension vectorizes across the kept inner one);
 3. ``y[k] = finish(y[k])`` (mean, sqrt, log) over the kept domain.
 
 ReduceLogSumExp runs 1–2 twice: the maximum ``m[k]`` into a scratch buffer, then
@@ -20,9 +20,10 @@ ReduceLogSumExp runs 1–2 twice: the maximum ``m[k]`` into a scratch buffer, th
 
 Where the outermost merged dimension is kept and the tensor is large, the statements above run
 inside one parallel loop over it (each thread reduces its own rows, which stay in cache).
-Integer types (int32, int64; bool for ReduceMax/Min) reduce exactly; the finishes that need a
-real number (mean, sqrt) go through double and truncate, as onnxruntime does.  Reducing an empty
-tensor writes the reduction of nothing (0, 1, ±inf, log 0 = -inf; the mean 0, as onnxruntime).
+Integer types (int32, int64; bool for ReduceMax/Min) reduce exactly; finishes that need a real
+number truncate as onnxruntime does (the mean divides the integer sum, the L2 norm takes the
+square root in double).  Reducing an empty tensor writes the reduction of nothing (0, 1, ±inf,
+log 0 = -inf; the mean 0, as onnxruntime).
 
 Policy ``off``: a streaming pass, as the other memory-bound kernels.
 """

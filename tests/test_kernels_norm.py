@@ -10,14 +10,18 @@ max|Δ| / max|ref| ≤ 1e-4.
 
 from __future__ import annotations
 
+import tempfile
+from pathlib import Path
+
 import numpy as np
 import onnx
 import pytest
 from onnx import helper, numpy_helper
 
+from polyml.compiler import compile as polyml_compile
 from polyml.errors import GraphError, ShapeError, UnsupportedError
 from polyml.frontends.onnx import from_onnx
-from polyml.testing import compile_and_compare
+from polyml.testing import compile_and_compare, onnxruntime_run
 from polyml.testing import single_node_model as node_model
 
 TOL = 1e-4
@@ -123,6 +127,20 @@ def test_softmax_large_inputs(op: str) -> None:
     """Inputs around ±1e4: exp would overflow without subtracting the row maximum."""
     shape = (4, 33)
     check(node_model(op, {"x": shape}), x_feed(shape, scale=1e4))  # a NaN error fails the bound
+
+
+@pytest.mark.parametrize("op", ["Softmax", "LogSoftmax"])
+def test_softmax_masked_rows(op: str) -> None:
+    """Attention masks: -inf and float32's lowest value in some positions of every row."""
+    x = x_feed((2, 3, 8, 16), scale=4.0)["x"]
+    x[..., 5:9] = -np.inf
+    x[:, 1, :, 12:] = np.finfo(np.float32).min
+    model = node_model(op, {"x": x.shape}, opset=13)
+    with tempfile.TemporaryDirectory() as tmp:
+        onnx.save(model, Path(tmp) / "m.onnx")
+        got = polyml_compile(Path(tmp) / "m.onnx", Path(tmp) / "b").run({"x": x})["y"]
+    ref = onnxruntime_run(model, {"x": x})["y"]
+    np.testing.assert_allclose(got, ref, rtol=1e-4, atol=1e-6)  # -inf where masked (LogSoftmax)
 
 
 @pytest.mark.parametrize("op", ["Softmax", "LogSoftmax"])
