@@ -17,7 +17,7 @@ independent and run as one parallel loop whose body holds the row's nests, each 
 * Hardmax: ``m``; ``j = min {d : x = m}``; ``y = (d == j)``.
 
 All are numerically stable (the maximum is subtracted before ``exp``, computed inline by
-:func:`polyml.kernels.reduce.vexp` so the row vectorizes).  Along the last axis (inner = 1, the
+:meth:`KernelBuilder.exp`, :mod:`polyml.codegen.vmath`, so the row vectorizes).  Along the last axis (inner = 1, the
 attention case) the maximum and sum are vectorized reductions; with one outer row and a large
 inner extent, inner is split into chunks that are the parallel rows instead.
 """
@@ -30,7 +30,7 @@ import llvmlite.ir as ir
 import numpy as np
 from polyml.kernels import Kernel, Operand, normalize_axis, register
 from polyml.kernels.matmul import view
-from polyml.kernels.reduce import parallel_rows, vexp, vmax
+from polyml.kernels.reduce import parallel_rows, vmax
 
 from polyml.codegen.builder import REASSOC, Buffer, KernelBuilder
 from polyml.errors import GraphError, ShapeError
@@ -229,7 +229,7 @@ class Softmax(Kernel):
                 sm.store(rows.t(r, i), k.f32(0.0))
             with k.loops([d, w], names=["sd", "si"]) as (e, i):
                 t = rows.t(r, i)
-                ex = vexp(k, k.b.fsub(x.load(rows.x(r, e, i)), mx.load(t)))
+                ex = k.exp(k.b.fsub(x.load(rows.x(r, e, i)), mx.load(t)))
                 if not log:
                     y.store(rows.x(r, e, i), ex)
                 sm.store(t, k.b.fadd(sm.load(t), ex, flags=REASSOC))

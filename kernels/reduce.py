@@ -70,36 +70,6 @@ def _pick(k: KernelBuilder, pred: str, a: ir.Value, c: ir.Value, dtype: str) -> 
     return b.select(cmp(pred, a, c), a, c)
 
 
-#: Cephes' expf: exp(x) = 2^n · p(r), x = n·ln2 + r, |r| ≤ ln2/2
-_EXP_POLY = (1.9875691500e-4, 1.3981999507e-3, 8.3334519073e-3, 4.1665795894e-2, 1.6666665459e-1, 5.0000001201e-1)
-_EXP_LO = -87.33654  # below: 0 (exp underflows to a denormal, flushed)
-_EXP_HI = 88.37626
-
-
-def vexp(k: KernelBuilder, x: ir.Value) -> ir.Value:
-    """``exp(x)`` for float32 as straight-line arithmetic (range reduction, a degree-6 polynomial,
-    the exponent built in the bits), which LLVM vectorizes where a call of ``llvm.exp`` would be
-    a libm call per element; relative error ≈ 1e-7.  Builders with their own ``exp`` (the GPU's)
-    keep it."""
-    if type(k).exp is not KernelBuilder.exp:
-        return k.exp(x)
-    b = k.b
-    f = k.f32
-    # clamped to [LO, HI] with NaN mapped to LO, so that the integer exponent is always defined
-    xc = b.select(b.fcmp_ordered(">", x, f(_EXP_LO)), x, f(_EXP_LO))
-    xc = b.select(b.fcmp_ordered("<", xc, f(_EXP_HI)), xc, f(_EXP_HI))
-    c = ("contract",)  # multiply-adds may fuse (FMA): fewer instructions, no less accurate
-    n = k.intrinsic("llvm.floor", b.fadd(b.fmul(xc, f(1.4426950408889634), flags=c), f(0.5), flags=c))
-    r = b.fsub(b.fsub(xc, b.fmul(n, f(0.693359375), flags=c), flags=c), b.fmul(n, f(-2.12194440e-4), flags=c), flags=c)
-    p = f(_EXP_POLY[0])
-    for coef in _EXP_POLY[1:]:
-        p = b.fadd(b.fmul(p, r, flags=c), f(coef), flags=c)
-    p = b.fadd(b.fadd(b.fmul(b.fmul(p, r, flags=c), r, flags=c), r, flags=c), f(1.0), flags=c)
-    i32 = ir.IntType(32)
-    scale = b.bitcast(b.shl(b.add(b.fptosi(n, i32), ir.Constant(i32, 127)), ir.Constant(i32, 23)), ir.FloatType())
-    y = b.select(b.fcmp_ordered("<", x, f(_EXP_LO)), f(0.0), b.fmul(p, scale))
-    return b.select(b.fcmp_unordered("uno", x, x), x, y)
-
 
 def parallel_rows(size: int) -> bool:
     """Whether a tensor of ``size`` elements is worth splitting over threads."""
@@ -330,7 +300,7 @@ class Reduce(Kernel):
                 red.accumulate(mx, load, lambda acc, ix: vmax(k, acc, load(ix)), "m")
 
                 def shifted(ix: list) -> ir.Value:
-                    return vexp(k, k.b.fsub(load(ix), mx.load(red.y_index(ix))))
+                    return k.exp(k.b.fsub(load(ix), mx.load(red.y_index(ix))))
 
                 red.accumulate(yv, lambda ix: k.f32(-0.0), lambda acc, ix: k.b.fadd(acc, shifted(ix), flags=REASSOC), "s")
             elif spec.combine in ("max", "min"):
