@@ -36,6 +36,8 @@ def _add_build_options(p: argparse.ArgumentParser, outputs_flag: str = "--output
     p.add_argument("--polly", action=argparse.BooleanOptionalAction, default=True, help="optimize with Polly (default on)")
     p.add_argument("--fuse", action=argparse.BooleanOptionalAction, default=True,
                    help="operator fusion (default on; --no-fuse keeps one nest per op)")
+    p.add_argument("--fuse-attention", action=argparse.BooleanOptionalAction, default=True,
+                   help="with --fuse: each attention head's MatMul → scale/mask → Softmax → MatMul as one nest (default on)")
     p.add_argument("--threads", type=int, default=0, help="OpenMP threads (default: all cores)")
     p.add_argument("--tile-sizes", default="auto", metavar="auto|off|l1=48K,l2=2M,conv=1M",
                    help="cache tiling of the conv nests: host cache sizes (auto), off, or explicit sizes")
@@ -59,7 +61,7 @@ def _compile(args: argparse.Namespace, model: Path, outdir: Path, emit: list[str
     shapes = dict(parse_shape(s) for s in args.input_shape)
     outputs = args.output_names.split(",") if args.output_names else None
     return polyml_compile(model, outdir, input_shapes=shapes, outputs=outputs, emit=emit, polly=args.polly, fuse=args.fuse,
-                          threads=args.threads, tile_sizes=getattr(args, "tile_sizes", "auto"), gemm=getattr(args, "gemm", "packed"),
+                          attention=getattr(args, "fuse_attention", True), threads=args.threads, tile_sizes=getattr(args, "tile_sizes", "auto"), gemm=getattr(args, "gemm", "packed"),
                           conv=getattr(args, "conv", "auto"), cache=getattr(args, "cache", None),
                           import_jscop=str(Path(args.import_jscop).resolve()) if getattr(args, "import_jscop", "") else "")
 

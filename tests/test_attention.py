@@ -115,3 +115,13 @@ def test_isl_legality_of_per_head_fusion() -> None:
     from polyml.passes.attention import legality_violations
 
     assert legality_violations(12, 128, 128, 64, 64) == []
+
+
+def test_attention_fusion_can_be_turned_off(tmp_path) -> None:
+    """``--no-fuse-attention`` (Options.attention): the chain stays separate nests, same numbers."""
+    model, feeds = attention_model(**CASES["bert"])
+    m = build(model, tmp_path, attention=False)
+    assert m.manifest["options"]["attention"] is False
+    assert not [g for g in m.manifest["fusion"]["groups"] if g["kind"] == "attention"]
+    assert "polyml.Attention" not in [f["op_type"] for f in m.manifest["functions"]]
+    assert rel_error(m.run(feeds)["o"], onnxruntime_run(model, feeds)["o"]) < 1e-5

@@ -117,7 +117,7 @@ def build_artifact(
         from polyml.passes.fuse import FuseOperators
 
         t0 = time.perf_counter()
-        graph, fusion = FuseOperators().apply(graph)
+        graph, fusion = FuseOperators(attention=options.attention).apply(graph)
         seconds["fuse"] = time.perf_counter() - t0
     from polyml.codegen.tiling import resolve as resolve_tiles
 

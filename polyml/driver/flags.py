@@ -98,6 +98,8 @@ class Options:
 
     polly: bool = True
     fuse: bool = True  # passes/fuse.py: elementwise chains, conv epilogues, batch-norm folding
+    #: with ``fuse``: each head's MatMul → chain → Softmax → MatMul in one nest (passes/attention.py)
+    attention: bool = True
     threads: int = 0  # 0: all cores (OMP default)
     parallel: bool = True  # -polly-parallel (OpenMP)
     extra_opt_flags: tuple[str, ...] = field(default_factory=tuple)
