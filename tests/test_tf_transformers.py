@@ -321,6 +321,18 @@ def test_dense_on_feature_map(tmp_path: Path) -> None:
     assert sorted(ops) == ["Add", "MatMul", "Reshape", "Reshape"], ops  # TF order already: the product as it is
 
 
+def test_batch1_classifier_is_a_transposed_gemm() -> None:
+    """A one-row product by a constant matrix is a Gemm reading the matrix transposed (dot
+    products along its rows), its bias folded in; numerics are in test_tf_frontend's cases."""
+    from tests.test_tf_frontend import case_matmul_shapes
+
+    g, _, _ = case_matmul_shapes()
+    graph = from_graphdef(g.gd, outputs=["probs"])
+    (gemm,) = [n for n in graph.nodes if n.op_type == "Gemm"]
+    assert gemm.attrs == {"transB": 1} and len(gemm.inputs) == 3
+    assert graph.constants[gemm.inputs[1]].shape == (7, 4)  # the (4, 7) Dense kernel, transposed
+
+
 # -- Cast, Mul by one ---------------------------------------------------------------------------
 
 def test_runtime_cast_and_unit_factor(tmp_path: Path) -> None:

@@ -2,7 +2,7 @@
 back-to-back Transposes compose; a zero Pad of the spatial dims only (Keras ``ZeroPadding2D``)
 moves below a Transpose and, read by a Conv alone, becomes the Conv's padding; per-channel Add,
 Sub, Mul, Div and BatchNormalization after a Conv (or a Transpose of one) fold into its weights
-and bias; a MatMul followed by a bias Add becomes a Gemm.
+and bias; a MatMul (or a Gemm without bias) followed by a bias Add becomes a Gemm.
 """
 
 from __future__ import annotations
@@ -154,7 +154,7 @@ def _fold_affine_into_conv(graph: Graph) -> bool:
 
 
 def _fold_bias_into_gemm(graph: Graph) -> bool:
-    """MatMul(A, B) → Add(bias): one Gemm(A, B, bias)."""
+    """MatMul(A, B) or Gemm(A, B) (no C, alpha = beta = 1) → Add(bias): one Gemm(A, B, bias)."""
     uses = _consumers(graph)
     producers = graph.producer_map()
     for node in graph.nodes:
@@ -163,7 +163,11 @@ def _fold_bias_into_gemm(graph: Graph) -> bool:
         for pos, t in enumerate(node.inputs[:2]):
             p = producers.get(t)
             other = node.inputs[1 - pos]
-            if p is None or p.op_type != "MatMul" or other not in graph.constants or _sole_use(graph, t, uses) is not node:
+            if p is None or other not in graph.constants or _sole_use(graph, t, uses) is not node:
+                continue
+            gemm = p.op_type == "Gemm" and len(p.inputs) == 2 and float(p.attrs.get("alpha", 1.0)) == 1.0 \
+                and float(p.attrs.get("beta", 1.0)) == 1.0
+            if p.op_type != "MatMul" and not gemm:
                 continue
             sa, sb = graph.types[p.inputs[0]].shape, graph.types[p.inputs[1]].shape
             shape = graph.types[t].shape
