@@ -16,6 +16,7 @@ from __future__ import annotations
 import llvmlite.ir as ir
 import numpy as np
 from polyml.kernels import Kernel, Operand, const_ints, normalize_axis, register
+from polyml.kernels._scalar import outer_parallel_dims
 
 from polyml.codegen.builder import LLVM_TYPES, KernelBuilder, constant
 from polyml.errors import GraphError, ShapeError
@@ -96,6 +97,14 @@ class Transpose(Kernel):
     def supports(self, node: Node, ins: list[Operand | None]) -> str | None:
         return _movable(node, ins[0], 0)
 
+    def policy(self, node: Node, ins: list[Operand | None]) -> str:
+        """Polly's tiled transposition where the innermost axis moves; where it stays (a
+        transformer's ``[b, s, h, d] → [b, h, s, d]``) every row of ``d`` is a contiguous copy,
+        which plain -O3 vectorizes: Polly's tiling of that nest measured 10x slower (BERT-base:
+        0.75 ms per head split, 128x12x64)."""
+        rank = len(ins[0].type.shape)
+        return "off" if rank and self.perm(node, rank)[-1] == rank - 1 else self.polly
+
     @staticmethod
     def perm(node: Node, rank: int) -> list[int]:
         perm = node.attrs.get("perm")
@@ -116,7 +125,8 @@ class Transpose(Kernel):
         perm = self.perm(k.node, x.rank)
         if not out.type.size:
             return
-        with k.loops(out.shape) as ix:
+        inner_kept = perm[-1] == x.rank - 1
+        with k.loops(out.shape, parallel=outer_parallel_dims(out.shape) if inner_kept else 0) as ix:
             src: list = [0] * x.rank
             for i, p in enumerate(perm):
                 src[p] = ix[i]
