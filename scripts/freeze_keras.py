@@ -40,7 +40,9 @@ Models:
     a small hand-made CNN (a few kB; with ``--tf1`` its batch norms are FusedBatchNormV3).
 
 ``--tf1`` builds the model with ``tf-keras`` (Keras 2), whose BatchNormalization layers freeze
-to ``FusedBatchNormV3`` nodes (Keras 3 decomposes them into Rsqrt/Mul/Add).
+to ``FusedBatchNormV3`` nodes (Keras 3 decomposes them into Rsqrt/Mul/Add), its
+LayerNormalization to a training-mode ``FusedBatchNormV3`` of the reshaped input, and its
+``EinsumDense`` to ``Einsum``.
 
     python scripts/freeze_keras.py mobilenet_v2 --size 224 -o build/tf
     python scripts/freeze_keras.py resnet50 --size 224 -o build/tf
@@ -48,7 +50,7 @@ to ``FusedBatchNormV3`` nodes (Keras 3 decomposes them into Rsqrt/Mul/Add).
     python scripts/freeze_keras.py efficientnetv2_b0 --size 224 -o build/tf
     python scripts/freeze_keras.py transformer -o build/tf                     # transformer_64x128
     python scripts/freeze_keras.py mobilenet_v2 --size 96 --alpha 0.35 --classes 10 -o tests/fixtures/tf
-    python scripts/freeze_keras.py transformer --seq 8 --dim 16 --ff 64 -o tests/fixtures/tf
+    python scripts/freeze_keras.py transformer --seq 8 --dim 16 --ff 64 [--tf1] -o tests/fixtures/tf
     python scripts/freeze_keras.py convnext_mini --size 64 --classes 10 -o tests/fixtures/tf
     python scripts/freeze_keras.py efficientnetv2_mini --size 64 --classes 10 -o tests/fixtures/tf
     python scripts/freeze_keras.py mobilenet_v2 --tf1 --size 224 -o build/tf
@@ -210,7 +212,7 @@ def freeze(model, input_shape, classifier: bool = True):
 
 def default_stem(args) -> str:
     if args.model == "transformer":
-        return f"transformer_{args.seq}x{args.dim}"
+        return f"transformer_{args.seq}x{args.dim}" + ("_tf1" if args.tf1 else "")
     return "_".join([args.model, *([f"a{args.alpha:g}"] if args.model == "mobilenet_v2" and args.alpha != 1.0 else []),
                      str(args.size), *(["tf1"] if args.tf1 else [])])
 

@@ -276,6 +276,51 @@ def test_layer_norm_and_swish_patterns(monkeypatch) -> None:
     assert "LayerNormalization" not in ops and "ReduceMean" in ops, ops
 
 
+def batch_statistics_graph() -> tuple[G, dict[str, np.ndarray], dict[str, np.ndarray]]:
+    """FusedBatchNormV3 with is_training: tf-keras' LayerNormalization (one sample, NCHW, scale
+    1, offset 0) and a batch of two NHWC images with a per-channel scale and offset."""
+    g = G()
+    x = RNG.standard_normal((1, 5, 8, 1)).astype(np.float32) * 2 + 1
+    img = RNG.standard_normal((2, 3, 4, 6)).astype(np.float32)
+    g.placeholder("x", [1, 5, 8, 1])
+    g.placeholder("img", [2, 3, 4, 6])
+    g.const("ones", np.ones(5, np.float32))
+    g.const("zeros", np.zeros(5, np.float32))
+    g.const("empty", np.zeros(0, np.float32))
+    g.node("ln", "FusedBatchNormV3", ["x", "ones", "zeros", "empty", "empty"], T=1, U=1, epsilon=1e-3,
+           is_training=True, data_format="NCHW")
+    mu = x.mean(axis=(0, 2, 3), keepdims=True)
+    exp = {"ln": (x - mu) / np.sqrt(((x - mu) ** 2).mean(axis=(0, 2, 3), keepdims=True) + np.float32(1e-3))}
+    sn, sc = g.f32("scale", (6,), 0.5, 1.5)
+    on, off = g.f32("offset", (6,))
+    g.node("bn", "FusedBatchNormV3", ["img", sn, on, "empty", "empty"], T=1, U=1, epsilon=1e-3, is_training=True)
+    mu = img.mean(axis=(0, 1, 2))
+    exp["bn"] = (img - mu) / np.sqrt(((img - mu) ** 2).mean(axis=(0, 1, 2)) + np.float32(1e-3)) * sc + off
+    return g, {"x": x, "img": img}, {k: v.astype(np.float32) for k, v in exp.items()}
+
+
+@pytest.mark.parametrize("kernel", [True, False], ids=["layernorm_kernel", "decomposed"])
+def test_batch_statistics(kernel: bool, tmp_path: Path, monkeypatch) -> None:
+    from polyml.kernels import registry
+
+    if not kernel:
+        monkeypatch.delitem(registry(), "LayerNormalization", raising=False)
+    elif "LayerNormalization" not in registry():
+        pytest.skip("no LayerNormalization kernel")
+    g, feeds, exp = batch_statistics_graph()
+    graph = from_graphdef(g.gd, outputs=list(exp))
+    ops = [n.op_type for n in graph.nodes]
+    assert ops.count("LayerNormalization") == (1 if kernel else 0), ops  # one sample only
+    if kernel:
+        run_graph(g, feeds, exp, tmp_path, tol=1e-5)
+    else:
+        from polyml.compiler import compile_graph
+
+        got = compile_graph(graph, tmp_path / "art", threads=1, polly=False).run(feeds)
+        for k, ref in exp.items():
+            assert rel_error(got[k], ref) <= 1e-5, k
+
+
 # -- Dense on a feature map ---------------------------------------------------------------------
 
 def dense_graph() -> tuple[G, dict[str, np.ndarray], dict[str, np.ndarray]]:
@@ -485,6 +530,10 @@ KERAS_FIXTURES = {
          "Sqrt", "Mean", "MatMul"},
         {"Gelu": 4, "Erf": 0, "Conv": 16, "MatMul": 0, "Transpose": 1},  # Dense layers as 1×1 Convs
     ),
+    "transformer_8x16_tf1": (  # tf-keras: EinsumDense as Einsum, LayerNormalization as a training-mode batch norm
+        {"Einsum", "FusedBatchNormV3", "Fill", "Erfc", "Softmax", "StridedSlice", "Pack", "Prod"},
+        {"Gelu": 1, "Softmax": 1, "Erf": 0},
+    ),
     "efficientnetv2_mini_64": (
         {"DepthwiseConv2dNative", "Conv2D", "Sigmoid", "IdentityN", "StridedSlice", "Pack", "Cast", "Squeeze", "Rsqrt",
          "Mean"},
@@ -523,12 +572,12 @@ def test_keras_fixture_cli(stem: str, tmp_path: Path) -> None:
 # -- with TensorFlow (slow, skipped without it) ---------------------------------------------------
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", ["einsum", "gelu", "layer_norm", "dense", "indexing", "logical"])
+@pytest.mark.parametrize("name", ["einsum", "gelu", "layer_norm", "dense", "indexing", "logical", "batch_statistics"])
 def test_numpy_references_match_tensorflow(name: str) -> None:
     from tests.test_tf_frontend import _tf_run
 
     graphs = {"einsum": einsum_graph, "gelu": gelu_graph, "layer_norm": layer_norm_graph, "dense": dense_graph,
-              "indexing": indexing_graph, "logical": logical_graph}
+              "indexing": indexing_graph, "logical": logical_graph, "batch_statistics": batch_statistics_graph}
     g, feeds, exp = graphs[name]()
     got = _tf_run(g.gd, feeds, list(exp))
     for k, ref in exp.items():
@@ -539,6 +588,7 @@ def test_numpy_references_match_tensorflow(name: str) -> None:
 @pytest.mark.slow
 @pytest.mark.parametrize("model, args", [
     ("transformer", []),
+    ("transformer", ["--tf1"]),
     ("convnext_tiny", ["--size", "224"]),
     ("efficientnetv2_b0", ["--size", "224"]),
 ])
