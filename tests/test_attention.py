@@ -125,3 +125,16 @@ def test_attention_fusion_can_be_turned_off(tmp_path) -> None:
     assert not [g for g in m.manifest["fusion"]["groups"] if g["kind"] == "attention"]
     assert "polyml.Attention" not in [f["op_type"] for f in m.manifest["functions"]]
     assert rel_error(m.run(feeds)["o"], onnxruntime_run(model, feeds)["o"]) < 1e-5
+
+
+def test_cuda_build_keeps_attention_unfused(tmp_path) -> None:
+    """The grid mapping takes constant-bound nests only: ``--target cuda`` fuses the chain's
+    elementwise ops but leaves the products and the softmax as kernels of their own."""
+    import shutil
+
+    from polyml.frontends.onnx import from_onnx
+    from polyml.gpu.build import build_cuda_artifact
+
+    model, _ = attention_model(**CASES["bert"])
+    m = build_cuda_artifact(from_onnx(model), tmp_path / "cuda", check_ptxas=shutil.which("ptxas") is not None)
+    assert m["kernels"] and not [g for g in (m.get("fusion") or {}).get("groups", []) if g["kind"] == "attention"]
