@@ -65,6 +65,12 @@ def _sigmoid(s: Scalar, v: list[ir.Value]) -> ir.Value:
     return sigmoid(s, v[0])
 
 
+@scalar_op("Swish")
+def _swish(s: Scalar, v: list[ir.Value]) -> ir.Value:
+    """x·sigmoid(αx) (ONNX opset 24; the TF frontend's SiLU/swish), read once so it fuses as an epilogue."""
+    return s.b.fmul(v[0], sigmoid(s, s.b.fmul(v[0], s.f(s.attr("alpha", 1.0)))))
+
+
 @scalar_op("HardSigmoid")
 def _hard_sigmoid(s: Scalar, v: list[ir.Value]) -> ir.Value:
     return hard_sigmoid(s, v[0], s.attr("alpha", 0.2), s.attr("beta", 0.5))

@@ -63,6 +63,18 @@ def test_float_unary_ops() -> None:
     check(model_of(nodes, {"x": x, "pos": pos, "unit": unit}, outs), {"x": x, "pos": pos, "unit": unit}, rtol=2e-5)
 
 
+def test_swish_against_its_definition(tmp_path: Path) -> None:
+    """Swish (opset 24) is newer than onnxruntime's kernels here: numpy's x·sigmoid(αx)."""
+    import polyml
+
+    x = (RNG.standard_normal((3, 50)) * 4).astype(np.float32)
+    m = model_of([helper.make_node("Swish", ["x"], ["y"], alpha=0.7)], {"x": x}, ["y"], opset=24)
+    onnx.save(m, str(tmp_path / "m.onnx"))
+    got = polyml.compile(tmp_path / "m.onnx", tmp_path / "out").run({"x": x})["y"]
+    ref = x / (1 + np.exp(-0.7 * x.astype(np.float64)))
+    assert np.max(np.abs(got - ref)) / np.max(np.abs(ref)) < 1e-6
+
+
 def test_prelu_broadcast_slope() -> None:
     x = RNG.standard_normal((1, 4, 3, 5)).astype(np.float32)
     slope = RNG.uniform(0, 1, (4, 1, 1)).astype(np.float32)
