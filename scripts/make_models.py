@@ -4,7 +4,7 @@ Needs PyTorch, torchvision, transformers, onnx, onnxscript and onnxruntime, whic
 does not: install them in a venv of their own, e.g.::
 
     python3 -m venv /work/torchenv
-    /work/torchenv/bin/pip install torch torchvision transformers onnxscript onnx onnxruntime
+    /work/torchenv/bin/pip install -e '.[models]'      # polyml's `models` extra names them
 
 Every model gets seeded random weights; nothing is downloaded.  Hugging Face models are built
 from a config (``BertModel``, ``GPT2Model`` with ``use_cache=False``), torchvision ones with
