@@ -218,7 +218,18 @@ def test_packed_gemm_matches_onnxruntime(op: str, inputs: dict, attrs: dict, thr
     check(node_model(op, inputs, **attrs), feeds_for(inputs), threads=threads)
 
 
-@pytest.mark.parametrize("op,inputs,attrs", PACKED_CASES, ids=[f"{c[0]}-{'x'.join(map(str, c[1]['a']))}-{i}" for i, c in enumerate(PACKED_CASES)])
+#: fewer rows than a register tile: packed only with constant weights (classifier heads, batch-1 MLPs)
+FEW_ROWS_CASES = [
+    ("MatMul", {"a": (1, 1280), "b": (1280, 1000)}, {}),
+    ("MatMul", {"a": (4, 768), "b": (768, 3072)}, {}),
+    ("MatMul", {"a": (1, 3, 700), "b": (700, 45)}, {}),
+    ("Gemm", {"a": (1, 512), "b": (1000, 512), "c": (1000,)}, {"transB": 1}),
+    ("Gemm", {"a": (5, 300), "b": (300, 77), "c": (5, 77)}, {"alpha": 0.5}),
+]
+
+
+@pytest.mark.parametrize("op,inputs,attrs", PACKED_CASES + FEW_ROWS_CASES,
+                         ids=[f"{c[0]}-{'x'.join(map(str, c[1]['a']))}-{i}" for i, c in enumerate(PACKED_CASES + FEW_ROWS_CASES)])
 def test_packed_gemm_constant_weights_prepacked(op: str, inputs: dict, attrs: dict, tmp_path: Path) -> None:
     """A constant B (the weights) is packed at compile time (gemm.prepack_b), read in place by
     the block function, and not stored in its original layout."""
