@@ -424,6 +424,16 @@ def _phase_split(k: KernelBuilder, x: Buffer, win: Window, temp: Buffer) -> list
     return taps
 
 
+def window_problem(node: Node, ins: list[Operand | None], attrs: tuple[str, ...] = ("pads",)) -> str | None:
+    """Why a convolution-like node cannot be lowered: 1-3 spatial dims, no negative ``attrs``."""
+    if len(ins[0].type.shape) not in (3, 4, 5):
+        return f"{node.op_type} with {len(ins[0].type.shape) - 2} spatial dimensions (1-3 are supported)"
+    for a in attrs:
+        if any(int(p) < 0 for p in node.attrs.get(a, []) or []):
+            return f"negative {a} {list(node.attrs[a])}"
+    return None
+
+
 @register
 class Conv(Kernel):
     """ONNX Conv: grouped (incl. depthwise), padded, strided, dilated; optional bias."""
@@ -432,14 +442,7 @@ class Conv(Kernel):
     polly = "off"
 
     def supports(self, node: Node, ins: list[Operand | None]) -> str | None:
-        why = super().supports(node, ins)
-        if why:
-            return why
-        if len(ins[0].type.shape) not in (3, 4, 5):
-            return f"Conv with {len(ins[0].type.shape) - 2} spatial dimensions (1-3 are supported)"
-        if any(int(p) < 0 for p in node.attrs.get("pads", []) or []):
-            return f"negative pads {list(node.attrs['pads'])}"
-        return None
+        return super().supports(node, ins) or window_problem(node, ins)
 
     def infer(self, node: Node, ins: list[Operand | None]) -> list[TensorType]:
         x, w = ins[0].type, ins[1].type

@@ -30,7 +30,7 @@ from dataclasses import dataclass
 import llvmlite.ir as ir
 import numpy as np
 from polyml.kernels import Kernel, Operand, register
-from polyml.kernels.conv import affine, auto_pad_of, copy_parallel, nest, view
+from polyml.kernels.conv import affine, auto_pad_of, copy_parallel, nest, view, window_problem
 
 from polyml.codegen.builder import I64, Buffer, KernelBuilder, pointer_type
 from polyml.errors import GraphError, ShapeError
@@ -185,16 +185,7 @@ class ConvTranspose(Kernel):
     polly = "off"
 
     def supports(self, node: Node, ins: list[Operand | None]) -> str | None:
-        why = super().supports(node, ins)
-        if why:
-            return why
-        if len(ins[0].type.shape) not in (3, 4, 5):
-            return f"ConvTranspose with {len(ins[0].type.shape) - 2} spatial dimensions (1-3 are supported)"
-        if any(int(p) < 0 for p in node.attrs.get("pads", []) or []):
-            return f"negative pads {list(node.attrs['pads'])}"
-        if any(int(p) < 0 for p in node.attrs.get("output_padding", []) or []):
-            return f"negative output_padding {list(node.attrs['output_padding'])}"
-        return None
+        return super().supports(node, ins) or window_problem(node, ins, ("pads", "output_padding"))
 
     def infer(self, node: Node, ins: list[Operand | None]) -> list[TensorType]:
         x, w = ins[0].type, ins[1].type
