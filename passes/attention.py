@@ -174,7 +174,7 @@ class FuseAttention:
             if t in g.outputs:
                 return [], None
             for n in consumers.get(t, []):
-                if n.op_type == "MatMul" and n.inputs[0] == t and t not in (n.inputs[1],):
+                if n.op_type == "MatMul" and n.inputs[0] == t and n.inputs[1] != t:
                     if end is not None and end is not n:
                         return [], None
                     end = n
