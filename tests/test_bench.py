@@ -29,6 +29,26 @@ def test_bench_against_onnxruntime_writes_json(tmp_path) -> None:
     assert report["results"]["polyml"]["ratio_to_polyml"] == 1.0
 
 
+def test_bench_against_openvino_computes_the_same_numbers(tmp_path) -> None:
+    import numpy as np
+
+    pytest.importorskip("openvino")
+    from polyml.commands.bench import openvino_runner
+
+    w = np.random.default_rng(1).standard_normal((64, 32)).astype(np.float32)
+    model = single_node_model("MatMul", {"x": (16, 64)}, initializers={"w": w})
+    onnx.save(model, str(tmp_path / "mm.onnx"))
+    x = np.random.default_rng(2).standard_normal((16, 64)).astype(np.float32)
+    result = openvino_runner(tmp_path / "mm.onnx", 1, {"x": x})()
+    np.testing.assert_allclose(next(iter(result.values())), x @ w, rtol=1e-4, atol=1e-4)
+    rc = cli.main(["bench", str(tmp_path / "mm.onnx"), "--compare", "openvino,onnxruntime", "--repeat", "3",
+                   "--threads", "1", "--json", str(tmp_path / "b.json")])
+    assert rc == 0
+    report = json.loads((tmp_path / "b.json").read_text())
+    assert set(report["results"]) == {"polyml", "openvino", "onnxruntime"}
+    assert report["results"]["openvino"]["gflops"] > 0
+
+
 def test_bench_unknown_peer_is_an_error(tmp_path, capsys) -> None:
     onnx.save(single_node_model("Relu", {"x": (4,)}), str(tmp_path / "r.onnx"))
     assert cli.main(["bench", str(tmp_path / "r.onnx"), "--compare", "pytorch"]) == 2

@@ -1,6 +1,6 @@
 """``polyml bench MODEL|DIR``: latency of a compiled model next to peers, measured in one run.
 
-Runners (polyml, onnxruntime, tensorflow) alternate in blocks after warm-up
+Runners (polyml, onnxruntime, openvino, tensorflow) alternate in blocks after warm-up
 (:func:`polyml.benchmark.measure`: a settle sleep, then ``--block`` consecutive calls of which
 the first is untimed, so the peers' spinning thread pools do not steal cores from the next
 runner, while rounds still spread machine drift over all of them); the report gives medians,
@@ -24,12 +24,12 @@ from polyml.cli import _add_build_options, _compile, command, console, out
 from polyml.errors import PolymlError
 from polyml.runtime.model import CompiledModel
 
-PEERS = ("onnxruntime", "tensorflow")
+PEERS = ("onnxruntime", "openvino", "tensorflow")
 
 
 def _arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("model", help="model file (.onnx, .pb) or artifact folder")
-    p.add_argument("--compare", default="", help="comma-separated peers: onnxruntime, tensorflow")
+    p.add_argument("--compare", default="", help="comma-separated peers: onnxruntime, openvino, tensorflow")
     p.add_argument("--repeat", type=int, default=20, help="timed runs per runner (default 20)")
     p.add_argument("--warmup", type=int, default=3, help="untimed runs per runner before the blocks (default 3)")
     benchmark.add_options(p)
@@ -65,6 +65,27 @@ def onnxruntime_runner(path: Path, threads: int, feeds: dict[str, np.ndarray]) -
     return lambda: sess.run(None, feeds)
 
 
+def openvino_runner(path: Path, threads: int, feeds: dict[str, np.ndarray]) -> Callable[[], object]:
+    """OpenVINO's CPU plugin on the same model file (ONNX or frozen GraphDef), f32, latency hint."""
+    try:
+        import openvino as ov
+    except ImportError:
+        raise PolymlError("--compare openvino: OpenVINO is not installed (pip install 'polyml[bench]')") from None
+    core = ov.Core()
+    model = core.read_model(str(path))
+    names = {p.get_any_name(): p for p in model.inputs}
+    missing = [n for n in feeds if n not in names and n.split(":")[0] not in names]
+    if missing:
+        raise PolymlError(f"--compare openvino: OpenVINO's model has no input(s) {missing} (it has {sorted(names)})")
+    by_port = {(n if n in names else n.split(":")[0]): v for n, v in feeds.items()}
+    model.reshape({names[n]: ov.PartialShape(list(v.shape)) for n, v in by_port.items()})
+    config = {"PERFORMANCE_HINT": "LATENCY", "INFERENCE_PRECISION_HINT": "f32"}
+    if threads:
+        config["INFERENCE_NUM_THREADS"] = threads
+    request = core.compile_model(model, "CPU", config).create_infer_request()
+    return lambda: request.infer(by_port)
+
+
 def tensorflow_runner(path: Path, threads: int, feeds: dict[str, np.ndarray], outputs: list[str]) -> Callable[[], object]:
     try:
         import tensorflow as tf
@@ -91,7 +112,7 @@ def measure(runners: dict[str, Callable[[], object]], warmup: int, repeat: int, 
         return benchmark.measure(runners, warmup, repeat, block=block, settle_s=settle_s, progress=progress)
 
 
-@command("bench", _arguments, "latency of a model next to onnxruntime/tensorflow (medians of alternating blocks of runs)")
+@command("bench", _arguments, "latency of a model next to onnxruntime/openvino/tensorflow (medians of alternating blocks of runs)")
 def cmd_bench(args: argparse.Namespace) -> int:
     from polyml.compiler import read_graph
     from polyml.flops import graph_flops
@@ -130,6 +151,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
         for p in peers:
             if p == "onnxruntime":
                 runners[p] = onnxruntime_runner(model_path, threads, feeds)
+            elif p == "openvino":
+                runners[p] = openvino_runner(model_path, threads, feeds)
             else:
                 runners[p] = tensorflow_runner(model_path, threads, feeds, list(compiled.outputs))
         times = measure(runners, args.warmup, args.repeat, args.block, args.settle)
