@@ -9,7 +9,8 @@ kernel; :mod:`polyml.passes.fuse` composes the same functions in registers to co
 (:mod:`polyml.kernels.fused`).
 
 Values are typed by the tensor dtypes of :mod:`polyml.codegen.builder`: ``float32`` is an LLVM
-``float``, ``int64``/``int32`` signed integers, ``bool`` a byte holding 0 or 1 (numpy's layout).
+``float``, ``int64``/``int32``/``int8`` signed integers, ``uint8`` an unsigned byte, ``bool`` a
+byte holding 0 or 1 (numpy's layout).
 """
 
 from __future__ import annotations
@@ -27,7 +28,12 @@ FLOAT = frozenset({"float32"})
 INTS = frozenset({"int64", "int32"})
 NUMERIC = FLOAT | INTS
 BOOL = frozenset({"bool"})
-ANY = NUMERIC | BOOL
+#: quantized data: moved, compared, selected and cast, not computed on (arithmetic wraps in
+#: ONNX but quantized models never do it; QuantizeLinear/QLinear* kernels handle them)
+BYTES = frozenset({"int8", "uint8"})
+ANY = NUMERIC | BOOL | BYTES
+#: integer dtypes read as unsigned
+UNSIGNED = frozenset({"bool", "uint8"})
 
 #: below this many elements a parallel region costs more than it saves
 PARALLEL_MIN_ELEMENTS = 1 << 15
@@ -93,7 +99,7 @@ class Scalar:
         dtype = dtype or self.dtype
         if is_float(dtype):  # ordered, except "!=" which holds for NaN (numpy's not_equal)
             return self.b.fcmp_unordered(pred, a, c) if pred == "!=" else self.b.fcmp_ordered(pred, a, c)
-        if dtype == "bool":
+        if dtype in UNSIGNED:
             return self.b.icmp_unsigned(pred, a, c)
         return self.b.icmp_signed(pred, a, c)
 
@@ -124,8 +130,10 @@ class Scalar:
             bit = b.fcmp_unordered("!=", v, zero) if is_float(src) else b.icmp_unsigned("!=", v, zero)
             return self.to_bool(bit)
         if is_float(src):
-            return b.fpext(v, to) if is_float(dst) else b.fptosi(v, to)
-        signed = src != "bool"
+            if is_float(dst):
+                return b.fpext(v, to)
+            return b.fptoui(v, to) if dst in UNSIGNED else b.fptosi(v, to)
+        signed = src not in UNSIGNED
         if is_float(dst):
             return b.sitofp(v, to) if signed else b.uitofp(v, to)
         if to.width < v.type.width:

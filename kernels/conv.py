@@ -41,7 +41,7 @@ from polyml.kernels import Kernel, Operand, register
 from polyml.kernels._scalar import PARALLEL_MIN_ELEMENTS
 from polyml.kernels.fused import epilogue, evaluate_chain
 
-from polyml.codegen.builder import Buffer, KernelBuilder, pointer_type
+from polyml.codegen.builder import Buffer, KernelBuilder, constant, pointer_type
 from polyml.driver.toolchain import host_target
 from polyml.errors import GraphError, ShapeError
 from polyml.graph import Node, TensorType
@@ -239,7 +239,7 @@ def padded_source(k: KernelBuilder, x: Buffer, win: Window, temp: Buffer | None,
             if slab[1] > slab[0]:
                 extents = [*lead, *win.required[:d], slab, *win.required[d + 1 :]]
                 with nest(k, extents, names=[f"z{i}" for i in range(temp.rank)], parallel=copy_parallel(extents)) as ix:
-                    temp.store(ix, k.f32(fill))
+                    temp.store(ix, constant(temp.type.dtype, fill))
     ranges = [(max(0, -pb), min(n, r - pb)) for pb, n, r in zip(win.pads_begin, win.size, win.required)]
     with nest(k, [*lead, *ranges], names=["pn", "pc", *[f"p{d}" for d in range(win.rank)]],
               parallel=copy_parallel([*lead, *ranges])) as ix:

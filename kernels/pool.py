@@ -36,8 +36,9 @@ import numpy as np
 from polyml.kernels import Kernel, Operand, register
 from polyml.kernels.conv import Window, affine, make_window, nest, padded_source, view
 from polyml.kernels.fused import evaluate_chain
+from polyml.kernels.reduce import vmax
 
-from polyml.codegen.builder import REASSOC, Buffer, KernelBuilder
+from polyml.codegen.builder import REASSOC, Buffer, KernelBuilder, constant, is_float
 from polyml.errors import GraphError, ShapeError
 from polyml.graph import Node, TensorType
 
@@ -155,7 +156,7 @@ class _Pool(Kernel):
     def temps(self, node: Node, ins: list[Operand | None], outs: list[TensorType]) -> list[TensorType]:
         x = pool_input_type(node, ins)
         win = pool_window(node, x)
-        return [TensorType(win.padded_shape(x.shape[:2]))] if win.needs_copy() else []
+        return [TensorType(win.padded_shape(x.shape[:2]), x.dtype)] if win.needs_copy() else []
 
     def lower(self, k: KernelBuilder) -> None:
         x, y = k.inputs[0], k.outputs[0]
@@ -163,7 +164,8 @@ class _Pool(Kernel):
             x = ChainSource(k, k.node.attrs["prologue"], {b.name: b for b in k.inputs if b is not None},
                             k.node.attrs["prologue_type"])
         win = pool_window(k.node, x.type)
-        identity = NEG_INF if self.is_max else 0.0
+        dtype = x.type.dtype
+        identity = (NEG_INF if is_float(dtype) else int(np.iinfo(dtype).min)) if self.is_max else 0.0
         src, shift = padded_source(k, x, win, k.temps[0] if k.temps else None, identity)
         r = win.rank
         taps = math.prod(win.kernel)
@@ -173,7 +175,9 @@ class _Pool(Kernel):
             return [n, c, *[affine(k, [(s, o), (d, j)], sh) for o, j, s, d, sh in zip(os, js, win.strides, win.dilations, shift)]]
 
         def combine(acc: ir.Value, v: ir.Value) -> ir.Value:
-            return k.maxf(acc, v) if self.is_max else k.b.fadd(acc, v)
+            if self.is_max:
+                return k.maxf(acc, v) if is_float(dtype) else vmax(k, acc, v, dtype)
+            return k.b.fadd(acc, v)
 
         def finish(os: list, total: ir.Value) -> ir.Value:
             if self.is_max:
@@ -197,7 +201,7 @@ class _Pool(Kernel):
             return
         # y = identity; y[n, c, o] op= src[n, c, o*s + j*d] over [n, c, j..., o...]; y = finish(y)
         with nest(k, y.shape, names=["in", "ic", *[f"io{d}" for d in range(r)]]) as ix:
-            y.store(ix, k.f32(identity))
+            y.store(ix, constant(dtype, identity))
         with nest(k, [*y.shape[:2], *win.kernel, *win.out], names=["n", "c", *[f"j{d}" for d in range(r)], *onames]) as ix:
             n, c, js, os = ix[0], ix[1], ix[2 : 2 + r], ix[2 + r :]
             yi = [n, c, *os]
@@ -213,6 +217,8 @@ class MaxPool(_Pool):
 
     op_types = ("MaxPool",)
     is_max = True
+    #: max commutes with the monotone quantization, so quantized models pool int8/uint8 directly
+    dtypes = frozenset({"float32", "int8", "uint8"})
 
     def supports(self, node: Node, ins: list[Operand | None]) -> str | None:
         if len(node.outputs) > 1 and node.outputs[1]:

@@ -66,7 +66,7 @@ def _pick(k: KernelBuilder, pred: str, a: ir.Value, c: ir.Value, dtype: str) -> 
     b = k.b
     if is_float(dtype):
         return b.select(b.fcmp_ordered(pred, a, c, flags=MINMAX), a, c, flags=MINMAX)
-    cmp = b.icmp_unsigned if dtype == "bool" else b.icmp_signed
+    cmp = b.icmp_unsigned if dtype in ("bool", "uint8") else b.icmp_signed
     return b.select(cmp(pred, a, c), a, c)
 
 

@@ -18,7 +18,7 @@ import numpy as np
 from polyml.errors import GraphError
 
 #: dtypes polyml understands; data is float32, shape-like operands are int64.
-DTYPES = {"float32": np.float32, "int64": np.int64, "int32": np.int32, "bool": np.bool_}
+DTYPES = {"float32": np.float32, "int64": np.int64, "int32": np.int32, "bool": np.bool_, "int8": np.int8, "uint8": np.uint8}
 
 
 @dataclass(frozen=True)

@@ -36,12 +36,14 @@ LLVM_TYPES: dict[str, ir.Type] = {
     "int64": I64,
     "int32": I32,
     "bool": ir.IntType(8),
+    "int8": ir.IntType(8),
+    "uint8": ir.IntType(8),
 }
 
 
-#: dtypes whose LLVM integers are read as signed (bool is 0/1 in a byte, unsigned)
-SIGNED = frozenset({"int64", "int32"})
-INTEGER = frozenset({"int64", "int32"})
+#: dtypes whose LLVM integers are read as signed (bool is 0/1 in a byte, uint8 unsigned)
+SIGNED = frozenset({"int64", "int32", "int8"})
+INTEGER = frozenset({"int64", "int32", "int8", "uint8"})
 
 
 def llvm_type(dtype: str) -> ir.Type:
