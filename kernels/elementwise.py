@@ -4,16 +4,18 @@ Each op is a scalar function registered with :func:`polyml.kernels._scalar.scala
 shared kernel lowers it to one perfect nest over the output with broadcast reads (still affine,
 so Polly sees one statement with one write and one read per operand).  Integer ops follow
 numpy/onnxruntime: ``Div`` truncates toward zero (a zero divisor gives 0 instead of a trap),
-``Mod`` takes the divisor's sign unless ``fmod=1``.
+``Mod`` takes the divisor's sign unless ``fmod=1``; int8/uint8 wrap (uint8 divides unsigned).
 """
 
 from __future__ import annotations
 
 import llvmlite.ir as ir
 from polyml.kernels._scalar import (
+    BYTES,
     ELEMENTWISE_KERNEL,
     NUMERIC,
     SCALAR_OPS,
+    UNSIGNED,
     Scalar,
     scalar,
     scalar_op,
@@ -32,17 +34,17 @@ def elementwise_ops() -> frozenset[str]:
     return frozenset(SCALAR_OPS)
 
 
-@scalar_op("Add", dtypes=NUMERIC)
+@scalar_op("Add", dtypes=NUMERIC | BYTES)
 def _add(s: Scalar, v: list[ir.Value]) -> ir.Value:
     return s.b.fadd(v[0], v[1]) if s.is_float else s.b.add(v[0], v[1])
 
 
-@scalar_op("Sub", dtypes=NUMERIC)
+@scalar_op("Sub", dtypes=NUMERIC | BYTES)
 def _sub(s: Scalar, v: list[ir.Value]) -> ir.Value:
     return s.b.fsub(v[0], v[1]) if s.is_float else s.b.sub(v[0], v[1])
 
 
-@scalar_op("Mul", dtypes=NUMERIC)
+@scalar_op("Mul", dtypes=NUMERIC | BYTES)
 def _mul(s: Scalar, v: list[ir.Value]) -> ir.Value:
     return s.b.fmul(v[0], v[1]) if s.is_float else s.b.mul(v[0], v[1])
 
@@ -55,16 +57,19 @@ def _int_divisor(s: Scalar, d: ir.Value) -> tuple[ir.Value, ir.Value, ir.Value]:
     return s.select(s.b.or_(is0, ism1), s.const(1), d), is0, ism1
 
 
-@scalar_op("Div", dtypes=NUMERIC)
+@scalar_op("Div", dtypes=NUMERIC | BYTES)
 def _div(s: Scalar, v: list[ir.Value]) -> ir.Value:
     if s.is_float:
         return s.b.fdiv(v[0], v[1])
+    if s.dtype in UNSIGNED:
+        is0 = s.b.icmp_unsigned("==", v[1], s.const(0))
+        return s.select(is0, s.const(0), s.b.udiv(v[0], s.select(is0, s.const(1), v[1])))
     safe, is0, ism1 = _int_divisor(s, v[1])
     q = s.select(ism1, s.b.sub(s.const(0), v[0]), s.b.sdiv(v[0], safe))
     return s.select(is0, s.const(0), q)
 
 
-@scalar_op("Mod", dtypes=NUMERIC)
+@scalar_op("Mod", dtypes=NUMERIC | BYTES)
 def _mod(s: Scalar, v: list[ir.Value]) -> ir.Value:
     a, d = v
     zero = s.const(0)
@@ -77,6 +82,9 @@ def _mod(s: Scalar, v: list[ir.Value]) -> ir.Value:
                        s.b.xor(s.b.fcmp_ordered("<", r, zero), s.b.fcmp_ordered("<", d, zero)))
         r = s.select(fix, s.b.fadd(r, d), r)
         return s.select(s.b.fcmp_ordered("==", r, zero), s.intrinsic("llvm.copysign", zero, d), r)
+    if s.dtype in UNSIGNED:  # no signs to fix
+        is0 = s.b.icmp_unsigned("==", d, zero)
+        return s.select(is0, zero, s.b.urem(a, s.select(is0, s.const(1), d)))
     safe, is0, ism1 = _int_divisor(s, d)
     r = s.select(s.b.or_(is0, ism1), zero, s.b.srem(a, safe))
     if s.attr("fmod", 0):
@@ -110,7 +118,7 @@ def _sum(s: Scalar, v: list[ir.Value]) -> ir.Value:
     return acc
 
 
-@scalar_op("Max", "Min", dtypes=NUMERIC)
+@scalar_op("Max", "Min", dtypes=NUMERIC | BYTES)
 def _max_min(s: Scalar, v: list[ir.Value]) -> ir.Value:
     pick = s.max if s.node.op_type == "Max" else s.min
     acc = v[0]
@@ -119,7 +127,7 @@ def _max_min(s: Scalar, v: list[ir.Value]) -> ir.Value:
     return acc
 
 
-@scalar_op("Clip", dtypes=NUMERIC)
+@scalar_op("Clip", dtypes=NUMERIC | BYTES)
 def _clip(s: Scalar, v: list[ir.Value]) -> ir.Value:
     """Bounds from optional inputs 1 and 2 (opset ≥ 11) or the min/max attributes."""
     present = [i for i, t in enumerate(s.node.inputs) if t]

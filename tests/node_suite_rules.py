@@ -41,7 +41,7 @@ def _op_set() -> frozenset[str]:
 OP_SET: frozenset[str] = _op_set()
 
 #: tensor dtypes generated code computes on
-DTYPES: frozenset[str] = frozenset({"float32", "int64", "int32", "bool"})
+DTYPES: frozenset[str] = frozenset({"float32", "int64", "int32", "bool", "int8", "uint8"})
 
 
 def _attr(node: onnx.NodeProto, name: str, default: object = None) -> object:
