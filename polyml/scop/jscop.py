@@ -29,6 +29,9 @@ from polyml.errors import PolymlError
 
 SUFFIX = ".jscop"
 SEPARATOR = "___"
+#: polyml's own key in a JSCoP (the band tree passes hand on, :mod:`polyml.scop.schedule`);
+#: Polly never sees it (:func:`for_polly`)
+META = "polyml"
 
 
 class JscopError(PolymlError):
@@ -198,6 +201,11 @@ def accesses(jscop: Mapping, kinds: Iterable[str], access_kinds: list[list[str]]
                 joined = joined.union(isl.UnionMap.from_map(parse(isl.Map, r, f"statement {s['name']}: access {j}")))
         u = u.union(joined.intersect_domain(isl.UnionSet.from_set(domain(s))).coalesce())
     return u
+
+
+def for_polly(jscop: Mapping) -> dict:
+    """A copy without polyml's metadata (:data:`META`): the JSCoP as Polly reads it."""
+    return {k: v for k, v in jscop.items() if k != META}
 
 
 def statement_names(jscop: Mapping) -> list[str]:

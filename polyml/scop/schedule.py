@@ -165,3 +165,146 @@ def permutable_prefix(node: isl.ScheduleNode, deps: isl.UnionMap) -> int:
             break
         n += 1
     return n
+
+
+# -- the band tree carried between passes -------------------------------------------------------
+#
+# A JSCoP holds one flat map per statement; the isl scheduler's answer is a schedule *tree*
+# whose bands say which members are permutable and which coincident (parallel).  Passes that
+# produce or read that tree keep it in the JSCoP under META (``{"tree": <isl schedule text>,
+# "parallel": {...}}``) next to the flat maps they also write; the key is stripped before a
+# file goes to Polly.  A pass that only rewrites flat maps leaves a stale tree behind: ``tree``
+# notices (the tree's map differs from the flat schedule) and rebuilds from the flat maps.
+
+META = J.META
+
+
+def meta(jscop: Mapping) -> dict:
+    """polyml's metadata of a JSCoP (empty when it has none)."""
+    m = jscop.get(META)
+    return dict(m) if isinstance(m, dict) else {}
+
+
+def with_meta(jscop: Mapping, **items: object) -> dict:
+    """A copy with ``items`` merged into polyml's metadata (``None`` removes a key)."""
+    out = dict(jscop)
+    m = meta(jscop)
+    for k, v in items.items():
+        if v is None:
+            m.pop(k, None)
+        else:
+            m[k] = v
+    out[META] = m
+    return out
+
+
+def _flat_maps(tree: isl.Schedule) -> dict[str, isl.Map]:
+    maps: dict[str, isl.Map] = {}
+    tree.get_map().foreach_map(lambda m: maps.__setitem__(m.get_tuple_name(isl.dim_type.in_), m))
+    return maps
+
+
+def _matches(jscop: Mapping, tree: isl.Schedule) -> bool:
+    """Does ``tree`` order every statement instance as the flat schedules do (same maps)?"""
+    maps = _flat_maps(tree)
+    width = max([J.schedule_width(jscop), *(m.dim(isl.dim_type.out) for m in maps.values())])
+    for s in jscop["statements"]:
+        dom = J.domain(s)
+        m = maps.get(s["name"])
+        if m is None:
+            if not dom.is_empty():
+                return False
+            continue
+        flat = J.pad_map(J.schedule_map(s), width).intersect_domain(dom)
+        if not J.pad_map(m, width).intersect_domain(dom).is_equal(flat):
+            return False
+    return True
+
+
+def tree(jscop: Mapping) -> isl.Schedule:
+    """The schedule tree of a JSCoP: the one a pass left in its metadata if it still matches
+    the flat schedules, else the flat schedules read as a tree (:func:`to_tree`)."""
+    text = meta(jscop).get("tree")
+    if isinstance(text, str):
+        try:
+            t = isl.Schedule.read_from_str(isl.DEFAULT_CONTEXT, text)
+        except isl.Error:
+            t = None
+        if t is not None and _matches(jscop, t):
+            return t
+    return to_tree(jscop)
+
+
+def with_tree(jscop: Mapping, tree: isl.Schedule) -> dict:
+    """A copy of ``jscop`` with the flat schedules of ``tree`` and the tree in its metadata."""
+    return with_meta(from_tree(jscop, tree), tree=str(tree))
+
+
+def band_members(node: isl.ScheduleNode) -> list[isl.UnionMap]:
+    """The members of band ``node`` as maps statement instance → [value]."""
+    part = node.band_get_partial_schedule()
+    return [isl.UnionMap.from_union_pw_aff(part.get_union_pw_aff(k)) for k in range(node.band_n_member())]
+
+
+def live_dependences(node: isl.ScheduleNode, deps: isl.UnionMap, members: int = 0) -> isl.UnionMap:
+    """The dependences between instances of ``node``'s subtree that the outer schedule and the
+    first ``members`` members of band ``node`` leave unordered (run at the same time)."""
+    dom = node.get_domain()
+    live = deps.intersect_domain(dom).intersect_range(dom)
+    prefix = node.get_prefix_schedule_union_map()
+    if not prefix.is_empty() and not live.is_empty():
+        live = live.intersect(prefix.apply_range(prefix.reverse()))
+    for m in band_members(node)[:members]:
+        if live.is_empty():
+            break
+        live = live.intersect(m.apply_range(m.reverse()))
+    return live
+
+
+def member_parallel(node: isl.ScheduleNode, k: int, deps: isl.UnionMap) -> bool:
+    """Is member ``k`` of band ``node`` a parallel loop where it stands: every dependence the
+    outer dimensions (outer bands and members 0..k-1) leave unordered has distance 0 along it?"""
+    live = live_dependences(node, deps, k)
+    if live.is_empty():
+        return True
+    m = band_members(node)[k]
+    times = live.apply_domain(m).apply_range(m)
+    return times.intersect(isl.UnionMap("{ [a] -> [b] : b != a }")).is_empty()
+
+
+def band_is_permutable(node: isl.ScheduleNode, deps: isl.UnionMap) -> bool:
+    """All members of band ``node`` permutable (no live dependence backwards along any)."""
+    return permutable_prefix(node, deps) == node.band_n_member()
+
+
+def replace_band(node: isl.ScheduleNode, members: list[isl.UnionPwAff], permutable: bool,
+                 coincident: list[bool]) -> isl.ScheduleNode:
+    """Band ``node`` with a new partial schedule (``members``) and flags; returns the new band."""
+    mupa = node.band_get_partial_schedule()
+    for k, upa in enumerate(members):
+        mupa = mupa.set_union_pw_aff(k, upa)
+    options = node.band_get_ast_build_options()
+    node = node.delete().insert_partial_schedule(mupa).band_set_ast_build_options(options)
+    node = node.band_set_permutable(1 if permutable else 0)
+    for k, c in enumerate(coincident):
+        node = node.band_member_set_coincident(k, 1 if c else 0)
+    return node
+
+
+def mark_parallel(node: isl.ScheduleNode, deps: isl.UnionMap) -> isl.ScheduleNode:
+    """Band ``node`` with every member's coincident flag recomputed from ``deps``."""
+    for k in range(node.band_n_member()):
+        node = node.band_member_set_coincident(k, 1 if member_parallel(node, k, deps) else 0)
+    return node
+
+
+def describe(tree: isl.Schedule) -> list[dict]:
+    """The bands of ``tree``, outer first: statements, members, permutable, coincident."""
+    out = []
+    for node in bands(tree):
+        sets: list[isl.Set] = []
+        node.get_domain().foreach_set(sets.append)
+        out.append({"statements": sorted(s.get_tuple_name() for s in sets), "members": [str(m) for m in band_members(node)],
+                    "permutable": bool(node.band_get_permutable()),
+                    "coincident": [bool(node.band_member_get_coincident(k)) for k in range(node.band_n_member())]})
+    return out

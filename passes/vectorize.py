@@ -1,0 +1,162 @@
+"""Prepare the innermost parallel stride-1 loop for LLVM's loop vectorizer."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+import islpy as isl
+from polyml.passes import Pass, PassError, register
+
+from polyml.scop import dependences
+from polyml.scop import jscop as J
+from polyml.scop import schedule as sched
+
+
+@register
+@dataclass(frozen=True)
+class Vectorize(Pass):
+    """Make a parallel member with unit-stride accesses the innermost loop of each innermost
+    band, and strip-mine it to the vector width.
+
+    For every band with no band below it, each member is scored by the accesses of its
+    statements: moving one step along the member (the other members fixed) must move an
+    access by one element in its last dimension (*stride 1*, counts +1), not at all
+    (*invariant*, 0) or otherwise (*strided*, −1).  The best-scoring member that is parallel
+    (coincident: no dependence between its iterations, so LLVM may run them in any order) goes
+    innermost — legal because the band is permutable — and with ``width`` > 1 it is
+    strip-mined, ``j → ⌊j/W⌋, j``, so the innermost loop runs W iterations (the vector
+    width: ``width=0`` takes the host's, 64-byte registers with AVX-512, else 32, divided by
+    the widest element; ``width=1`` leaves the loop whole).  Polly's code generation marks an
+    innermost parallel loop ``llvm.loop.parallel_accesses`` with alias scopes, so LLVM's loop
+    vectorizer takes it without run-time checks.  Gemm's point band ``[i, j, k]`` becomes
+    ``[i, k, ⌊j/W⌋, j]``.
+    """
+
+    name: ClassVar[str] = "vectorize"
+    width: int = 0
+
+    def apply(self, scop: dict) -> dict:
+        if self.width < 0:
+            raise PassError(f"vectorize: width={self.width} must be >= 0")
+        deps = dependences.compute(scop).all()
+        accesses = _accesses(scop)
+        width = self.width or host_vector_width(scop)
+
+        def one(node: isl.ScheduleNode) -> tuple[isl.ScheduleNode, int]:
+            if _has_band_below(node):
+                return node, 0
+            return vectorize_band(node, deps, accesses, width)
+
+        return sched.with_tree(scop, sched.map_bands(sched.tree(scop), one))
+
+
+def host_vector_width(scop: dict) -> int:
+    """Elements of the widest array type in one vector register of the host."""
+    from polyml.passes.tile import ELEMENT_BYTES
+
+    from polyml.driver.toolchain import host_target
+
+    reg = 64 if "+avx512f" in host_target().features else 32
+    widest = max((ELEMENT_BYTES.get(a.get("type", "double"), 8) for a in scop.get("arrays", [])), default=8)
+    return max(1, reg // widest)
+
+
+def _has_band_below(node: isl.ScheduleNode) -> bool:
+    for i in range(node.n_children()):
+        ch = node.child(i)
+        if ch.get_type() == isl.schedule_node_type.band or _has_band_below(ch):
+            return True
+    return False
+
+
+def _accesses(scop: dict) -> dict[str, list[isl.Map]]:
+    """Per statement, its access relations restricted to its domain."""
+    out: dict[str, list[isl.Map]] = {}
+    for s in scop["statements"]:
+        dom = J.domain(s)
+        out[s["name"]] = [J.parse(isl.Map, a["relation"], s["name"]).intersect_domain(dom) for a in s["accesses"]]
+    return out
+
+
+def stride_score(node: isl.ScheduleNode, k: int, accesses: dict[str, list[isl.Map]]) -> int:
+    """+1 per stride-1 access, −1 per strided one, when member ``k`` of band ``node`` steps by one."""
+    members = sched.band_members(node)
+    n = len(members)
+    band = members[0]
+    for m in members[1:]:
+        band = band.flat_range_product(m)
+    prefix = node.get_prefix_schedule_union_map()
+    names = [f"m{i}" for i in range(n)]
+    shift = isl.Map(f"{{ [{', '.join(names)}] -> [{', '.join(f'{v} + 1' if i == k else v for i, v in enumerate(names))}] }}")
+    score = 0
+    maps: list[isl.Map] = []
+    band.foreach_map(maps.append)
+    for p in maps:
+        stmt = p.get_tuple_name(isl.dim_type.in_)
+        pre = [x for x in _maps(prefix) if x.get_tuple_name(isl.dim_type.in_) == stmt]
+        full = p if not pre else pre[0].flat_range_product(p)  # time of an instance: prefix, then band
+        npre = full.dim(isl.dim_type.out) - n
+        step = shift if not npre else isl.Map(
+            f"{{ [{', '.join(f'p{i}' for i in range(npre))}, {', '.join(names)}] -> "
+            f"[{', '.join(f'p{i}' for i in range(npre))}, "
+            f"{', '.join(f'{v} + 1' if i == k else v for i, v in enumerate(names))}] }}")
+        for acc in accesses.get(stmt, []):
+            rank = acc.dim(isl.dim_type.out)
+            if rank == 0:
+                continue
+            at = full.reverse().apply_range(acc)  # time -> element
+            moved = at.reverse().apply_range(step).apply_range(at)  # element -> element one step later
+            if moved.is_empty():
+                continue
+            d = moved.deltas()
+            arr = d.get_tuple_name() or ""
+            zero = isl.Set(f"{{ {arr}[{', '.join(['0'] * rank)}] }}")
+            unit = isl.Set(f"{{ {arr}[{', '.join(['0'] * (rank - 1) + ['1'])}] }}")
+            if d.is_subset(zero):
+                continue
+            score += 1 if d.is_subset(unit) else -1
+    return score
+
+
+def _maps(u: isl.UnionMap) -> list[isl.Map]:
+    out: list[isl.Map] = []
+    if not u.is_empty():
+        u.foreach_map(out.append)
+    return out
+
+
+def vectorize_band(node: isl.ScheduleNode, deps: isl.UnionMap, accesses: dict[str, list[isl.Map]],
+                   width: int) -> tuple[isl.ScheduleNode, int]:
+    """Move the best parallel stride-1 member of band ``node`` innermost and strip-mine it."""
+    from polyml.passes.parallel import permute
+
+    n = node.band_n_member()
+    permutable = sched.band_is_permutable(node, deps)
+    scores = {k: stride_score(node, k, accesses) for k in range(n) if k == n - 1 or permutable}
+    chosen = None
+    for k in sorted(scores, key=lambda k: (-scores[k], k != n - 1)):
+        if scores[k] <= 0:
+            break
+        cand = node if k == n - 1 else permute(node, [*(i for i in range(n) if i != k), k], deps)
+        if sched.member_parallel(cand, n - 1, deps):
+            chosen = cand
+            break
+    if chosen is None:
+        return node, 0
+    node = chosen
+    if width <= 1:
+        return node, 0
+    if n > 1:
+        node = node.band_split(n - 1).child(0)
+    ctx = isl.DEFAULT_CONTEXT
+    saved = ctx.get_tile_scale_tile_loops(), ctx.get_tile_shift_point_loops()
+    ctx.set_tile_scale_tile_loops(0)
+    ctx.set_tile_shift_point_loops(0)
+    try:
+        mv = isl.MultiVal.zero(node.band_get_space()).set_val(0, isl.Val.int_from_si(node.get_ctx(), width))
+        node = node.band_tile(mv)
+    finally:
+        ctx.set_tile_scale_tile_loops(saved[0])
+        ctx.set_tile_shift_point_loops(saved[1])
+    return node.child(0), 2 if n > 1 else 1
