@@ -1,0 +1,170 @@
+"""Quantized tensors and ops (issue 16) against onnxruntime on random data.
+
+Every comparison of quantized outputs is exact (int8/uint8 values equal onnxruntime's), except
+where a comment says why onnxruntime's kernel is allowed one step of difference.  Saturation
+edges (values far outside the quantized range), rounding ties (``x / s`` exactly halfway) and
+zero points at the ends of the range are part of the data.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from polyml.compiler import compile_graph
+from polyml.errors import PolymlError
+from polyml.frontends.onnx import from_onnx
+from polyml.testing import onnxruntime_run
+
+TP = {"float32": TensorProto.FLOAT, "uint8": TensorProto.UINT8, "int8": TensorProto.INT8, "int32": TensorProto.INT32}
+MS = "com.microsoft"
+
+
+def make(nodes, inputs: dict[str, tuple[str, tuple[int, ...]]], outputs: list[str], inits: dict[str, np.ndarray] | None = None,
+         opset: int = 19) -> onnx.ModelProto:
+    vis = [helper.make_tensor_value_info(n, TP[d], list(s)) for n, (d, s) in inputs.items()]
+    outs = [helper.make_empty_tensor_value_info(o) for o in outputs]
+    g = helper.make_graph(nodes, "q", vis, outs, initializer=[numpy_helper.from_array(v, k) for k, v in (inits or {}).items()])
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", opset), helper.make_opsetid(MS, 1)])
+
+
+def run_both(model: onnx.ModelProto, feeds: dict[str, np.ndarray]) -> tuple[dict, dict]:
+    compiled = compile_graph(from_onnx(model))
+    return compiled.run(feeds), onnxruntime_run(model, feeds)
+
+
+def assert_same(got: dict, ref: dict) -> None:
+    assert set(got) == set(ref)
+    for k in ref:
+        assert got[k].dtype == ref[k].dtype and got[k].shape == ref[k].shape, (k, got[k].dtype, ref[k].dtype)
+        np.testing.assert_array_equal(got[k], ref[k], err_msg=k)
+
+
+def qdata(shape, dtype: str, seed: int) -> np.ndarray:
+    info = np.iinfo(dtype)
+    return np.random.default_rng(seed).integers(info.min, int(info.max) + 1, shape).astype(dtype)
+
+
+def fdata(shape, seed: int, scale: float = 0.02) -> np.ndarray:
+    """Random floats with saturating values far outside the range and exact rounding ties."""
+    rng = np.random.default_rng(seed)
+    x = (rng.standard_normal(shape) * 2.0).astype(np.float32)
+    flat = x.reshape(-1)
+    n = flat.size
+    flat[: n // 8] = rng.choice([-1e4, 1e4, -300.0, 300.0], n // 8)  # saturation
+    flat[n // 8 : n // 4] = (rng.integers(-100, 100, n // 4 - n // 8) + 0.5) * scale  # ties of x / scale
+    return x
+
+
+# -- QuantizeLinear / DequantizeLinear --------------------------------------------------------
+
+@pytest.mark.parametrize("dtype", ["uint8", "int8"])
+@pytest.mark.parametrize("per_axis", [False, True])
+def test_quantize_dequantize(dtype: str, per_axis: bool) -> None:
+    shape = (2, 4, 5, 6)
+    lo, hi = np.iinfo(dtype).min, np.iinfo(dtype).max
+    if per_axis:
+        scale = np.array([0.02, 0.5, 1e-3, 0.125], np.float32)
+        zp = np.array([lo, hi, 0, 3], dtype)
+    else:
+        scale, zp = np.array(0.02, np.float32), np.array(hi // 2 + 1 if dtype == "uint8" else -7, dtype)
+    nodes = [helper.make_node("QuantizeLinear", ["x", "s", "zp"], ["q"], axis=1),
+             helper.make_node("DequantizeLinear", ["q", "s", "zp"], ["dq"], axis=1),
+             helper.make_node("DequantizeLinear", ["xq", "s", "zp"], ["dx"], axis=1)]
+    m = make(nodes, {"x": ("float32", shape), "xq": (dtype, shape)}, ["q", "dq", "dx"], {"s": scale, "zp": zp})
+    assert_same(*run_both(m, {"x": fdata(shape, 0), "xq": qdata(shape, dtype, 1)}))
+
+
+def test_quantize_computed_scale_and_default_zero_point() -> None:
+    """Scale and zero point fed at run time; no zero point means uint8 with zero point 0."""
+    nodes = [helper.make_node("QuantizeLinear", ["x", "s"], ["q"]),
+             helper.make_node("QuantizeLinear", ["x", "s", "zp"], ["q8"]),
+             helper.make_node("DequantizeLinear", ["q8", "s", "zp"], ["d"])]
+    m = make(nodes, {"x": ("float32", (3, 7)), "s": ("float32", ()), "zp": ("int8", ())}, ["q", "q8", "d"])
+    feeds = {"x": fdata((3, 7), 2, 0.1), "s": np.array(0.1, np.float32), "zp": np.array(-128, np.int8)}
+    assert_same(*run_both(m, feeds))
+
+
+def test_dequantize_int32_bias() -> None:
+    m = make([helper.make_node("DequantizeLinear", ["b", "s"], ["y"], axis=0)], {"b": ("int32", (16,))}, ["y"],
+             {"s": np.linspace(1e-4, 1e-2, 16).astype(np.float32)})
+    b = np.random.default_rng(3).integers(-(2**20), 2**20, 16).astype(np.int32)
+    assert_same(*run_both(m, {"b": b}))
+
+
+@pytest.mark.parametrize("kind", ["mixed", "positive", "negative", "zeros", "wide"])
+def test_dynamic_quantize_linear(kind: str) -> None:
+    rng = np.random.default_rng(4)
+    x = {"mixed": rng.standard_normal((4, 33)), "positive": rng.uniform(0.5, 3, (4, 33)),
+         "negative": -rng.uniform(0.5, 3, (4, 33)), "zeros": np.zeros((4, 33)),
+         "wide": rng.standard_normal((4, 33)) * 1e3}[kind].astype(np.float32)
+    m = make([helper.make_node("DynamicQuantizeLinear", ["x"], ["y", "s", "zp"])], {"x": ("float32", x.shape)}, ["y", "s", "zp"])
+    got, ref = run_both(m, {"x": x})
+    assert_same(got, ref)
+
+
+# -- com.microsoft QLinear elementwise ops ----------------------------------------------------
+
+def _params(dtype: str, seed: int, n: int) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    lo, hi = np.iinfo(dtype).min, np.iinfo(dtype).max
+    out = {}
+    for i in range(n):
+        out[f"s{i}"] = np.array(rng.uniform(0.005, 0.2), np.float32)
+        out[f"z{i}"] = np.array([lo, hi, (lo + hi) // 2, rng.integers(lo, hi + 1)][i % 4], dtype)
+    return out
+
+
+@pytest.mark.parametrize("op", ["QLinearAdd", "QLinearMul"])
+@pytest.mark.parametrize("dtype", ["uint8", "int8"])
+@pytest.mark.parametrize("b_shape", [(2, 3, 5, 7), (3, 1, 1), ()])
+def test_qlinear_binary(op: str, dtype: str, b_shape: tuple[int, ...]) -> None:
+    a_shape = (2, 3, 5, 7)
+    node = helper.make_node(op, ["a", "s0", "z0", "b", "s1", "z1", "s2", "z2"], ["c"], domain=MS)
+    m = make([node], {"a": (dtype, a_shape), "b": (dtype, b_shape)}, ["c"], _params(dtype, 5, 3))
+    assert_same(*run_both(m, {"a": qdata(a_shape, dtype, 6), "b": qdata(b_shape, dtype, 7)}))
+
+
+@pytest.mark.parametrize("dtype", ["uint8", "int8"])
+@pytest.mark.parametrize("channels_last", [0, 1])
+def test_qlinear_global_average_pool(dtype: str, channels_last: int) -> None:
+    shape = (2, 7, 7, 16) if channels_last else (2, 16, 7, 7)
+    node = helper.make_node("QLinearGlobalAveragePool", ["x", "s0", "z0", "s1", "z1"], ["y"], domain=MS, channels_last=channels_last)
+    p = _params(dtype, 8, 2)
+    p["z0"] = np.array(np.iinfo(dtype).max - 3, dtype)
+    m = make([node], {"x": (dtype, shape)}, ["y"], p)
+    assert_same(*run_both(m, {"x": qdata(shape, dtype, 9)}))
+
+
+@pytest.mark.parametrize("dtype", ["uint8", "int8"])
+def test_qlinear_concat(dtype: str) -> None:
+    p = _params(dtype, 10, 4)
+    p["s3"], p["z3"] = p["s0"], p["z0"]  # one input already in the output's quantization
+    node = helper.make_node("QLinearConcat", ["s0", "z0", "a", "s1", "z1", "b", "s2", "z2", "c", "s3", "z3"], ["y"],
+                            domain=MS, axis=1)
+    shapes = {"a": (1, 3, 4, 5), "b": (1, 2, 4, 5), "c": (1, 6, 4, 5)}
+    m = make([node], {k: (dtype, s) for k, s in shapes.items()}, ["y"], p)
+    assert_same(*run_both(m, {k: qdata(s, dtype, i) for i, (k, s) in enumerate(shapes.items())}))
+
+
+def test_int8_movement_and_max_pool() -> None:
+    """Quantized data moves and max-pools directly (max commutes with quantization)."""
+    nodes = [helper.make_node("MaxPool", ["x"], ["p"], kernel_shape=[3, 3], strides=[2, 2], pads=[1, 1, 1, 1]),
+             helper.make_node("Transpose", ["p"], ["t"], perm=[0, 2, 3, 1]),
+             helper.make_node("Flatten", ["t"], ["y"])]
+    for dtype in ("uint8", "int8"):
+        m = make(nodes, {"x": (dtype, (1, 4, 9, 9))}, ["y"])
+        assert_same(*run_both(m, {"x": qdata((1, 4, 9, 9), dtype, 11)}))
+
+
+def test_unsupported_quantization_types_are_refused() -> None:
+    m = make([helper.make_node("QuantizeLinear", ["x", "s", "zp"], ["q"])], {"x": ("float32", (4,))}, ["q"],
+             {"s": np.array(0.1, np.float32), "zp": np.array(0, np.int16)}, opset=21)
+    with pytest.raises(PolymlError, match="int16"):
+        from_onnx(m)
+    m = make([helper.make_node("QLinearAdd", ["a", "s", "z", "a", "s", "z", "s", "z"], ["c"], domain=MS)],
+             {"a": ("uint8", (4,))}, ["c"], {"s": np.ones(4, np.float32), "z": np.zeros(4, np.uint8)})
+    with pytest.raises(PolymlError, match="per-tensor"):
+        from_onnx(m)
