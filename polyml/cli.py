@@ -78,6 +78,13 @@ def cmd_build(args: argparse.Namespace) -> int:
 
         return build_cuda(args)
     model = Path(args.model)
+    if any(e.startswith("fusion") for e in args.emit):  # before a long build: the plot extra is there
+        from polyml.plot import _extra
+
+        if "fusion-dot" in args.emit:
+            _extra.graphviz("--emit fusion-dot")
+        if {"fusion.svg", "fusion.png"} & set(args.emit):
+            _extra.require("--emit fusion.svg")
     t0 = time.perf_counter()
     compiled = _compile(args, model, Path(args.output), args.emit)
     m = compiled.manifest
@@ -185,8 +192,10 @@ def _build_parser(p: argparse.ArgumentParser) -> None:
     p.add_argument("--from-manifest", metavar="MANIFEST", default=None,
                    help="rebuild what a manifest.json records (MODEL overrides its model path) and report any difference")
     p.add_argument("-v", "--verbose", action="store_true", help="print the whole fusion report")
-    p.add_argument("--emit", action="append", default=[], choices=["ll", "jscop"],
-                   help="also write the IR before and after opt (ll), Polly's JSCoP of every SCoP into jscop/ (jscop)")
+    p.add_argument("--emit", action="append", default=[], choices=["ll", "jscop", "fusion.svg", "fusion.png", "fusion-dot"],
+                   help="also write the IR before and after opt (ll), Polly's JSCoP of every SCoP into jscop/ (jscop), "
+                        "the graph after fusion with each refused candidate's reason (fusion.svg, fusion.png: needs "
+                        "pip install 'polyml[plot]'; fusion-dot: fusion.dot for Graphviz)")
     p.add_argument("--target", choices=["cpu", "cuda"], default="cpu",
                    help="cpu: a shared object for this host (default); cuda: PTX kernels (docs/GPU.md)")
     p.add_argument("--sm", default="sm_90", help="with --target cuda: the GPU architecture of the PTX (default sm_90)")

@@ -54,6 +54,10 @@ class Step:
     #: what the kernel chose (shape, mode), for profiles and the manifest
     detail: str = ""
     flops: float = 0.0
+    #: bytes of the distinct inputs, outputs and constants it receives (each moved once at least:
+    #: the roofline's traffic), and the elements of its outputs
+    bytes: int = 0
+    out_elements: int = 0
 
 
 @dataclass
@@ -260,8 +264,10 @@ def _lower_graph(graph: Graph, target: HostTarget, chunks: int = 1, parallel: bo
         nests += kb.nests
         for s, _, _ in params:
             table.touch(s, len(steps))
+        moved = {s: tt.nbytes for s, tt, role in params if not role.startswith("temp")}
         steps.append(Step(fname, node.label, node.op_type, policy, [s for s, _, _ in params], ptypes,
-                          kernel.describe(node, ops, out_types), node_flops(types, node)))
+                          kernel.describe(node, ops, out_types), node_flops(types, node), sum(moved.values()),
+                          sum(tt.size for _, tt, role in params if role.startswith("out"))))
 
     for node in graph.nodes:
         kernel = kernels[node.op_type]

@@ -34,6 +34,16 @@ def _arguments(p: argparse.ArgumentParser) -> None:
                    help="cuda: per kernel, which band loops became blockIdx/threadIdx, tiles, grid/block, loops "
                         "left in the thread and shared-memory promotion (as polyml gpu-map)")
     p.add_argument("--shared-memory", action="store_true", help="with --target cuda: map as build --shared-memory does")
+    p.add_argument("--plot", metavar="DIR", default="",
+                   help="draw each statement's domain into DIR: a 2-D slice's points coloured by tile, the execution "
+                        "order, dependence arrows; with --after the original and the new schedule side by side "
+                        "(needs pip install 'polyml[plot]')")
+    p.add_argument("--plot-dims", metavar="A,B", default="", help="the two domain dimensions to draw (default: the innermost pair)")
+    p.add_argument("--plot-fix", metavar="NAME=V,...", default="",
+                   help="values of the dimensions not drawn and of the parameters (default: the smallest in the domain)")
+    p.add_argument("--plot-window", metavar="HxW", default="32x32",
+                   help="at most H values of the outer and W of the inner drawn dimension, from the smallest (default 32x32)")
+    p.add_argument("--plot-format", choices=["svg", "png"], default="svg", help="picture format (default svg)")
 
 
 @command("scops", _arguments, "list the SCoPs of a model or .ll file: statements, accesses, dependences, AST")
@@ -52,6 +62,15 @@ def cmd_scops(args: argparse.Namespace) -> int:
     from polyml.scop.exchange import model_sources
 
     pipeline = passes.parse_pipeline(args.after) if args.after else []
+    spec = None
+    if args.plot:
+        from polyml.plot import _extra, domain
+
+        _extra.require("polyml scops --plot")
+        spec = domain.SliceSpec(tuple(d for d in args.plot_dims.split(",") if d), domain.parse_fix(args.plot_fix),
+                                domain.parse_window(args.plot_window))
+        taken: set[str] = set()
+        pictures = 0
     shapes = dict(parse_shape(s) for s in args.input_shape)
     outputs = args.output_names.split(",") if args.output_names else None
     jobs = os.cpu_count() or 1
@@ -70,10 +89,17 @@ def cmd_scops(args: argparse.Namespace) -> int:
             jscop = passes.run(pipeline, s.jscop)
             legality.check(s.jscop, jscop, f"{s.function} {s.region} after {args.after}", deps, s.access_kinds)
         entries.append(printer.scop_json(s, jscop, src.op_of, deps))
+        if spec is not None:
+            pictures += len(domain.plot_scop(s.jscop, deps, args.plot, spec, s.function, [st["op"] for st in entries[-1]["statements"]],
+                                             jscop if pipeline else None, args.after, args.plot_format, taken))
         if args.write_jscop:
             Path(args.write_jscop).mkdir(parents=True, exist_ok=True)
             J.dump(J.padded(jscop), Path(args.write_jscop) / s.file_name)
     report = printer.report_json(entries, rejected, src.op_of)
+    if spec is not None:
+        from polyml.cli import console
+
+        console.print(f"{pictures} domain pictures in {args.plot}", highlight=False)
     if args.json:
         sys.stdout.write(json.dumps(report, indent=1) + "\n")
     else:

@@ -42,6 +42,8 @@ LIBRARY = "model.so"
 WEIGHTS = "weights.bin"
 JSCOP_DIR = "jscop"  # --emit jscop: Polly's JSCoP of every SCoP
 JSCOP_IMPORTED = "jscop-imported"  # --import-jscop: what was imported (edited and completing files)
+#: --emit fusion.svg|fusion.png|fusion-dot: the graph after fusion (polyml.plot.fusion), file written
+FUSION_PICTURES = {"fusion.svg": "fusion.svg", "fusion.png": "fusion.png", "fusion-dot": "fusion.dot"}
 
 
 def run_tool(cmd: list[str], outdir: Path, inputs: list[Path], what: str, cwd: Path | None = None) -> None:
@@ -113,6 +115,7 @@ def build_artifact(
     target = host_target()
 
     fusion = None
+    unfused = graph
     if options.fuse:
         from polyml.passes.fuse import FuseOperators
 
@@ -130,6 +133,11 @@ def build_artifact(
         fusion.groups.extend(lowered.concat_in_place)
         fusion.blocked.extend(lowered.concat_blocked)
     seconds["lower"] = time.perf_counter() - t0
+    for kind in sorted(emit & FUSION_PICTURES.keys()):  # the graph after fusion, refusals labelled
+        from polyml.plot import fusion as fusion_picture
+
+        fusion_picture.write(unfused, fusion.to_json() if fusion is not None else None, out / FUSION_PICTURES[kind],
+                             title=f"{graph.name}: fusion" + ("" if options.fuse else " (--no-fuse)"))
 
     with tempfile.TemporaryDirectory(prefix="polyml-") as tmp:
         work = Path(tmp)
@@ -248,7 +256,7 @@ def _manifest(graph: Graph, lowered: LoweredModel, options: flags.Options, model
         "gemm_blocking": dataclasses.asdict(blocking_for_host()),
         "functions": [
             {"function": s.function, "node": s.node, "op_type": s.op_type, "policy": s.policy, "detail": s.detail,
-             "flops": s.flops} for s in lowered.steps
+             "flops": s.flops, "bytes": s.bytes, "out_elements": s.out_elements} for s in lowered.steps
         ],
         "seconds": seconds,
         "files": artifact.file_hashes(out),  # every file written (JSCoP included), sorted
