@@ -1,0 +1,680 @@
+"""Packed integer GEMM: 8-bit operands, int32 accumulation, emitted as LLVM IR.
+
+``C[i][j] (+)= Σ_p W'(i, p) · X'(p, j)`` in BLIS's five loops, as :mod:`polyml.codegen.gemm`
+does for floats, with ``W`` the *weight side* (``M × K``, broadcast by the micro-kernel) and
+``X`` the *activation side* (``K × N``, the vector side).  The quantized kernels
+(:mod:`polyml.kernels.qlinear_matmul`, :mod:`polyml.kernels.qlinear_conv`) always put the
+weights on ``W``: a convolution is ``w (Cout × Cin·taps) · im2col(x)`` as for floats, a
+``MatMul`` ``A (M × K) · B (K × N)`` is computed transposed, ``Cᵀ = Bᵀ · Aᵀ``, so that per
+output channel quantities (weight zero points, scales, bias) are per row of the product and
+constant weights are pre-packed once at compile time (:func:`prepack_w`).
+
+The reduction dimension is packed in groups of ``g`` elements, the operand layout of the
+micro-kernel's instruction:
+
+* ``vnni`` (AVX-512 VNNI, ``g = 4``): ``vpdpbusd`` (``llvm.x86.avx512.vpdpbusd.512``) adds to
+  each of 16 int32 lanes the four products of an unsigned byte of its first operand by a
+  signed byte of its second.  The activation side is the unsigned one: int8 activations are
+  made uint8 by flipping the top bit (``x' = x + 128``), uint8 weights int8 (``w' = w - 128``);
+  both shifts are zero-point changes (below).  Products and their sums are exact (no 16-bit
+  intermediate, unlike ``vpmaddubsw``, which saturates pairs of u8·s8 products to int16).
+* ``madd`` (AVX-512BW with 16 lanes, AVX2 with 8, anything else through LLVM's legalization,
+  ``g = 2``): both sides widened to int16 when packed (sign- or zero-extended as their dtype
+  says), then per pair ``sext(a0)·sext(b0) + sext(a1)·sext(b1)`` in int32, written as generic
+  IR that LLVM selects as ``vpmaddwd`` + ``vpaddd`` (``vpdpwssd`` where VNNI exists).  Exact:
+  |products| ≤ 255² and two of them fit int32.  Half the MACs per instruction of ``vnni``.
+
+Zero points.  With ``W' = W`` or its shift and ``zW'``, ``zX'`` the zero points shifted alike,
+``Σ_p (W[i,p] - zW[i])(X[p,j] - zX[j]) = acc - zX'[j]·(RW[i] - K·zW'[i]) - zW'[i]·CX[j]``,
+``acc = Σ W'X'``, ``RW`` the row sums of ``W'``, ``CX`` the column sums of ``X'``.  The kernels
+fold what is constant at compile time (row sums of constant weights, per-tensor activation
+zero points) into a per-row int32 bias and only compute the rest at run time.  The epilogue
+(a callback, run on each register tile after its last reduction block, reading the int32
+accumulators) applies them, and for the ``QLinear*`` ops requantizes (:func:`polyml.codegen.quant.quantize_value` with :func:`multipliers`).
+
+Reduction positions past ``K`` (the last group) are packed as 0 on both sides, which adds
+nothing; the row/column sums are of the unpadded operands.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
+
+import llvmlite.ir as ir
+import numpy as np
+
+from polyml.codegen.builder import I32, I64, Buffer, KernelBuilder
+from polyml.codegen.gemm import _min, _round_up, for_range
+from polyml.errors import PolymlError
+
+I8 = ir.IntType(8)
+I16 = ir.IntType(16)
+I8P = I8.as_pointer()
+I32P = I32.as_pointer()
+
+#: ``load(builder, operand_pointers, row, col) -> i8``: one element of an operand, as stored
+Loader = Callable[[ir.IRBuilder, Sequence[ir.Value], ir.Value, ir.Value], ir.Value]
+#: ``epilogue(builder, operand_pointers, row, col, acc_i32) -> None``: consumes one final
+#: accumulator of C (stores the op's output element itself)
+Epilogue = Callable[[ir.IRBuilder, Sequence[ir.Value], ir.Value, ir.Value, ir.Value], None]
+#: ``pack(builder, ops, dst_panel, pc, kc, col0)``: one ``kc × nr`` X panel in micro-kernel
+#: order (``[p/g][jj][p%g]``, elements already converted with :meth:`IBlocking.convert_x`)
+Packer = Callable[..., None]
+
+VARIANTS = ("vnni", "madd")
+
+
+@dataclass(frozen=True)
+class IBlocking:
+    """Register tile ``mr × nr`` of int32 accumulators (``nr`` a multiple of the ``width``
+    lanes), cache blocks, and the micro-kernel's instruction family (``variant``)."""
+
+    mr: int
+    nr: int
+    width: int
+    mc: int
+    kc: int
+    nc: int
+    variant: str
+
+    @property
+    def group(self) -> int:
+        """Reduction elements per int32 lane and instruction (4 bytes, or 2 int16)."""
+        return 4 if self.variant == "vnni" else 2
+
+    @property
+    def elem(self) -> ir.IntType:
+        return I8 if self.variant == "vnni" else I16
+
+    @property
+    def np_elem(self) -> type:
+        return np.int8 if self.variant == "vnni" else np.int16
+
+    @property
+    def elem_bytes(self) -> int:
+        return 1 if self.variant == "vnni" else 2
+
+    @property
+    def vectors(self) -> int:
+        return self.nr // self.width
+
+    def shifts(self, w_signed: bool, x_signed: bool) -> tuple[int, int]:
+        """``(dW, dX)``: packed ``W' = W + dW``, ``X' = X + dX`` (the top-bit flips of ``vnni``)."""
+        if self.variant != "vnni":
+            return 0, 0
+        return (0 if w_signed else -128), (128 if x_signed else 0)
+
+
+def host_iblocking(features: str, l1: int = 32 << 10, l2: int = 1 << 20, variant: str | None = None) -> IBlocking:
+    """The integer blocking for a CPU with these LLVM target features and cache sizes.
+
+    AVX-512: 12 × 32 (24 zmm accumulators, two X vectors, one broadcast), ``vnni`` where the
+    CPU has ``avx512vnni``, else ``madd``; AVX2: 6 × 16 ``madd``; otherwise 4 × 8 ``madd`` on
+    4 lanes.  ``kc`` (a multiple of 4) sizes one ``kc × nr`` X micro-panel to half of L1,
+    ``mc`` the W block to a quarter of L2, ``nc`` the X block to half of it."""
+    has = set(features.split(","))
+    if "+avx512f" in has and "+avx512bw" in has:
+        mr, nr, w = 12, 32, 16
+    elif "+avx2" in has:
+        mr, nr, w = 6, 16, 8
+    else:
+        mr, nr, w = 4, 8, 4
+    if variant is None:
+        variant = "vnni" if w == 16 and "+avx512vnni" in has else "madd"
+    eb = 1 if variant == "vnni" else 2
+    kc = max(64, min(1024, l1 // 2 // (eb * nr) // 16 * 16))
+    mc = max(mr, min(480, (l2 // 4) // (eb * kc) // mr * mr))
+    nc = max(nr, min(4096, (l2 // 2) // (eb * kc) // nr * nr))
+    return IBlocking(mr, nr, w, mc, kc, nc, variant)
+
+
+def blocking_for_host() -> IBlocking:
+    """:func:`host_iblocking` for this machine; ``POLYML_IGEMM`` forces a micro-kernel for
+    tests and experiments: ``vnni``, ``madd`` (same width as the host's), ``madd8`` (the AVX2
+    6 × 16 tile on 8 lanes), optionally followed by ``,kc=..,mc=..,nc=..``."""
+    from polyml.driver.flags import host_data_caches
+    from polyml.driver.toolchain import host_target
+
+    caches = host_data_caches()
+    l1 = caches.get(1, (32 << 10, 8))[0]
+    l2 = caches.get(2, (1 << 20, 16))[0]
+    features = host_target().features
+    blk = host_iblocking(features, l1, l2)
+    override = os.environ.get("POLYML_IGEMM", "").strip()
+    if not override:
+        return blk
+    kind, *rest = [s.strip() for s in override.split(",")]
+    if kind == "vnni":
+        if "+avx512vnni" not in features.split(","):
+            raise PolymlError("POLYML_IGEMM=vnni: this CPU has no AVX-512 VNNI")
+        blk = host_iblocking(features, l1, l2, "vnni")
+    elif kind == "madd":
+        blk = host_iblocking(features, l1, l2, "madd")
+    elif kind == "madd8":
+        blk = host_iblocking("+avx2", l1, l2, "madd")
+    elif kind:
+        raise PolymlError(f"POLYML_IGEMM={override!r}: expected vnni, madd or madd8, then optional kc=..,mc=..,nc=..")
+    try:
+        fields = {key.strip(): int(v) for key, v in (item.split("=") for item in rest if item)}
+        blk = replace(blk, **fields)
+    except (ValueError, TypeError) as e:
+        raise PolymlError(f"POLYML_IGEMM={override!r}: expected vnni|madd|madd8[,kc=..,mc=..,nc=..] ({e})") from None
+    if blk.kc % 4 or min(blk.kc, blk.mc, blk.nc) < 1 or blk.mc % blk.mr or blk.nc % blk.nr:
+        raise PolymlError(f"POLYML_IGEMM={override!r}: kc a positive multiple of 4, mc of mr ({blk.mr}), nc of nr ({blk.nr})")
+    return blk
+
+
+@dataclass
+class IGemmSpec:
+    """One product ``C (M×N) = W (M×K) · X (K×N)`` of 8-bit operands and how to read it.
+
+    Operand pointers are ``i8*`` (loaders and the epilogue bitcast them); operand 0 is W,
+    operand 1 X's source, further ones are the epilogue's."""
+
+    m: int
+    n: int
+    k: int
+    #: W element (row, p) as stored (int8/uint8 bits); None when ``prepacked_w``
+    load_w: Loader | None
+    #: X element (p, col); None when ``pack_x`` packs X
+    load_x: Loader | None
+    operands: int
+    w_signed: bool
+    x_signed: bool
+    epilogue: Epilogue
+    pack_x: Packer | None = None
+    #: operand 0 is :func:`prepack_w`'s array (constant weights packed at compile time)
+    prepacked_w: bool = False
+    #: the epilogue walks a tile column by column (rows innermost): for outputs stored
+    #: transposed (a MatMul's ``Cᵀ``), whose rows are then contiguous
+    epilogue_cols_outer: bool = False
+    make_builder: Callable[[ir.Function], ir.IRBuilder] | None = None
+
+    def __post_init__(self) -> None:
+        if self.load_x is None and self.pack_x is None:
+            raise ValueError("IGemmSpec: X needs a load_x or a pack_x")
+        if self.load_w is None and not self.prepacked_w:
+            raise ValueError("IGemmSpec: W needs a load_w unless it is pre-packed")
+
+
+def block_kc(spec: IGemmSpec, blk: IBlocking) -> int:
+    return min(blk.kc, _round_up(spec.k, blk.group))
+
+
+def scratch_bytes(spec: IGemmSpec, blk: IBlocking, m_part: int, n_part: int) -> int:
+    """Bytes of scratch one thread needs for an ``m_part × n_part`` share: the edge tile
+    (int32), the W block and the X block (16-byte aligned)."""
+    kc = block_kc(spec, blk)
+    mc = _round_up(min(blk.mc, m_part), blk.mr)
+    nc = _round_up(min(blk.nc, n_part), blk.nr)
+    sizes = [4 * blk.mr * blk.nr, blk.elem_bytes * mc * kc, blk.elem_bytes * kc * nc]
+    return sum(_round_up(s, 64) for s in sizes)
+
+
+# -- element conversions --------------------------------------------------------------------
+
+def _convert(b: ir.IRBuilder, v: ir.Value, blk: IBlocking, signed: bool, side: str) -> ir.Value:
+    """A stored 8-bit element as the micro-kernel's operand: ``vnni`` flips the top bit where
+    the side's signedness is not the instruction's (W signed, X unsigned), ``madd`` widens."""
+    if blk.variant == "vnni":
+        flip = (side == "w") != signed  # W must be s8, X u8
+        return b.xor(v, ir.Constant(I8, 0x80)) if flip else v
+    return b.sext(v, I16) if signed else b.zext(v, I16)
+
+
+def convert_np(a: np.ndarray, blk: IBlocking, signed: bool, side: str) -> np.ndarray:
+    """:func:`_convert` on numpy values (int8/uint8 array) -> the packed element dtype."""
+    v = a.astype(np.int32)
+    if blk.variant == "vnni":
+        dw, dx = blk.shifts(signed, signed)
+        v = v + (dw if side == "w" else dx)
+        return v.astype(np.uint8 if side == "x" else np.int8).view(np.int8)
+    return v.astype(np.int16)
+
+
+def prepack_w(w: np.ndarray, blk: IBlocking, signed: bool) -> np.ndarray:
+    """:func:`pack_w_elements` as int32 words (one per group of ``g`` elements: 4 bytes or 2
+    int16), the dtype the graph stores constants in."""
+    return pack_w_elements(w, blk, signed).view(np.int32)
+
+
+def pack_w_elements(w: np.ndarray, blk: IBlocking, signed: bool) -> np.ndarray:
+    """Constant ``W`` (M×K, int8 or uint8 values) in the block function's W panel order,
+    converted: per ``kc`` block (the last padded to a whole group with zeros), per ``mr``
+    rows (zero rows pad M), ``[p/g][r][p%g]``.  Element ``(i, pc + p)`` lands at
+    ``pc·Mpad + (i - i%mr)·kcp + (p//g)·mr·g + (i%mr)·g + p%g``, ``kcp`` the block's padded size."""
+    m, k = w.shape
+    g, mr = blk.group, blk.mr
+    mp = _round_up(m, mr)
+    kc = min(blk.kc, _round_up(k, g))
+    conv = convert_np(w, blk, signed, "w")
+    parts = []
+    for pc in range(0, k, kc):
+        kcp = _round_up(min(kc, k - pc), g)
+        tile = np.zeros((mp, kcp), conv.dtype)
+        tile[:m, : min(kc, k - pc)] = conv[:, pc:pc + kc]
+        # [mp/mr][mr][kcp/g][g] -> [mp/mr][kcp/g][mr][g]
+        parts.append(tile.reshape(mp // mr, mr, kcp // g, g).transpose(0, 2, 1, 3).ravel())
+    return np.concatenate(parts) if parts else np.zeros(0, conv.dtype)
+
+
+def prepacked_size(m: int, k: int, blk: IBlocking) -> int:
+    """Elements of :func:`prepack_w`'s array."""
+    return _round_up(m, blk.mr) * _round_up(k, blk.group)  # every block but the last is whole groups
+
+
+# -- the micro-kernel --------------------------------------------------------------------------
+
+def _function(module: ir.Module, name: str, args: Sequence[ir.Type], attrs: Sequence[str], wide: bool) -> ir.Function:
+    fn = ir.Function(module, ir.FunctionType(ir.VoidType(), list(args)), name)
+    for a in attrs:
+        set.add(fn.attributes, a)
+    if wide:
+        set.add(fn.attributes, '"prefer-vector-width"="512"')
+        set.add(fn.attributes, '"min-legal-vector-width"="512"')
+    return fn
+
+
+def _without_vnni(attrs: Sequence[str]) -> list[str]:
+    """The function attributes with the VNNI features switched off: what a CPU without them
+    runs (the forced ``madd`` variant on a VNNI host must not become ``vpdpwssd``)."""
+    out = []
+    for a in attrs:
+        if a.startswith('"target-features"='):
+            feats = [f for f in a.split("=", 1)[1].strip('"').split(",") if f and f.lstrip("+-") not in ("avx512vnni", "avxvnni")]
+            a = '"target-features"="' + ",".join([*feats, "-avx512vnni", "-avxvnni"]) + '"'
+        out.append(a)
+    return out
+
+
+def micro_kernel(module: ir.Module, blk: IBlocking, attrs: Sequence[str], x_unsigned_first: bool = True) -> ir.Function:
+    """``ukernel(kq, Wp, Xp, C, ldc, accumulate)``: one ``mr × nr`` int32 tile of C.
+
+    ``Wp`` is a packed W panel of ``kq`` groups × ``mr`` rows (one int32 of ``g`` elements per
+    row and group), ``Xp`` an X panel of ``kq`` groups × ``nr`` columns.  Per group the kernel
+    loads ``nr/w`` X vectors, broadcasts each row's int32 of W and updates ``mr·nr/w`` vector
+    accumulators (``vpdpbusd`` or the ``madd`` sequence), then stores (or adds) the tile into
+    C (int32, row stride ``ldc``)."""
+    name = f"polyml.iukernel.{blk.variant}.{blk.mr}x{blk.nr}w{blk.width}"
+    existing = module.globals.get(name)
+    if existing is not None:
+        return existing
+    w = blk.width
+    vec = ir.VectorType(I32, w)
+    if blk.variant == "madd" and w == 16:
+        attrs = _without_vnni(attrs)
+    fn = _function(module, name, [I64, I32P, I32P, I32P, I64, ir.IntType(1)], attrs, w == 16)
+    fn.linkage = "internal"
+    kq, wp, xp, c, ldc, accumulate = fn.args
+    for a in (wp, xp, c):
+        a.add_attribute("noalias")
+    b = ir.IRBuilder(fn.append_basic_block("entry"))
+    zero = ir.Constant(vec, [0] * w)
+    undef_vec = ir.Constant(vec, None)
+    mask0 = ir.Constant(ir.VectorType(I32, w), [0] * w)
+    if blk.variant == "vnni":
+        dp = module.globals.get("llvm.x86.avx512.vpdpbusd.512") or ir.Function(
+            module, ir.FunctionType(vec, [vec, vec, vec]), "llvm.x86.avx512.vpdpbusd.512")
+
+        def update(acc: ir.Value, wv: ir.Value, xv: ir.Value) -> ir.Value:
+            return b.call(dp, [acc, xv, wv])  # (acc, unsigned bytes, signed bytes)
+    else:
+        v16 = ir.VectorType(I16, 2 * w)
+        wide = ir.VectorType(I32, 2 * w)
+        even = ir.Constant(ir.VectorType(I32, w), list(range(0, 2 * w, 2)))
+        odd = ir.Constant(ir.VectorType(I32, w), list(range(1, 2 * w, 2)))
+        undef_wide = ir.Constant(wide, None)
+
+        def update(acc: ir.Value, wv: ir.Value, xv: ir.Value) -> ir.Value:
+            prod = b.mul(b.sext(b.bitcast(wv, v16), wide), b.sext(b.bitcast(xv, v16), wide), flags=["nsw"])
+            pair = b.add(b.shuffle_vector(prod, undef_wide, even), b.shuffle_vector(prod, undef_wide, odd), flags=["nsw"])
+            return b.add(acc, pair)
+    entry = b.block
+    loop = b.append_basic_block("k.body")
+    done = b.append_basic_block("k.done")
+    b.cbranch(b.icmp_signed(">", kq, ir.Constant(I64, 0)), loop, done)
+    b.position_at_end(loop)
+    q = b.phi(I64, "q")
+    q.add_incoming(ir.Constant(I64, 0), entry)
+    accs = [[b.phi(vec, f"acc{r}.{v}") for v in range(blk.vectors)] for r in range(blk.mr)]
+    for row in accs:
+        for acc in row:
+            acc.add_incoming(zero, entry)
+    x_row = b.gep(xp, [b.mul(q, ir.Constant(I64, blk.nr), flags=["nsw"])], inbounds=True)
+    x_vecs = [b.load(b.bitcast(b.gep(x_row, [ir.Constant(I64, v * w)], inbounds=True), vec.as_pointer()), align=4)
+              for v in range(blk.vectors)]
+    w_row = b.gep(wp, [b.mul(q, ir.Constant(I64, blk.mr), flags=["nsw"])], inbounds=True)
+    new_accs = []
+    for r in range(blk.mr):
+        wval = b.load(b.gep(w_row, [ir.Constant(I64, r)], inbounds=True), align=4)
+        wvec = b.shuffle_vector(b.insert_element(undef_vec, wval, ir.Constant(I32, 0)), undef_vec, mask0)
+        new_accs.append([update(accs[r][v], wvec, x_vecs[v]) for v in range(blk.vectors)])
+    q_next = b.add(q, ir.Constant(I64, 1), flags=["nsw"])
+    q.add_incoming(q_next, loop)
+    for r in range(blk.mr):
+        for v in range(blk.vectors):
+            accs[r][v].add_incoming(new_accs[r][v], loop)
+    b.cbranch(b.icmp_signed("<", q_next, kq), loop, done)
+    b.position_at_end(done)
+    finals = [[b.phi(vec) for _ in range(blk.vectors)] for _ in range(blk.mr)]
+    for r in range(blk.mr):
+        for v in range(blk.vectors):
+            finals[r][v].add_incoming(zero, entry)
+            finals[r][v].add_incoming(new_accs[r][v], loop)
+    add_bb = b.append_basic_block("c.add")
+    set_bb = b.append_basic_block("c.set")
+    b.cbranch(accumulate, add_bb, set_bb)
+    for bb, add in ((add_bb, True), (set_bb, False)):
+        b.position_at_end(bb)
+        for r in range(blk.mr):
+            c_row = b.gep(c, [b.mul(ldc, ir.Constant(I64, r), flags=["nsw"])], inbounds=True)
+            for v in range(blk.vectors):
+                ptr = b.bitcast(b.gep(c_row, [ir.Constant(I64, v * w)], inbounds=True), vec.as_pointer())
+                val = finals[r][v]
+                if add:
+                    val = b.add(b.load(ptr, align=4), val)
+                b.store(val, ptr, align=4)
+        b.ret_void()
+    if blk.variant == "madd" and w == 16:
+        fn.attributes.add("noinline")  # keep its features (no VNNI) apart from the caller's
+    return fn
+
+
+# -- packing -----------------------------------------------------------------------------------
+
+def _c(v: int) -> ir.Constant:
+    return ir.Constant(I64, v)
+
+
+def _pack_w(b: ir.IRBuilder, spec: IGemmSpec, blk: IBlocking, ops: Sequence[ir.Value], dst: ir.Value, ic: ir.Value,
+            pc: ir.Value, kc: ir.Value, kcp: ir.Value, panels: ir.Value) -> None:
+    """W[ic:ic+mc, pc:pc+kc] into ``mr``-row panels ``[p/g][r][p%g]`` (rows past M repeat the
+    last; positions past kc, up to ``kcp``, are 0)."""
+    g, mr = blk.group, blk.mr
+    zero = ir.Constant(blk.elem, 0)
+    with for_range(b, 0, panels, name="pack_w.ip") as ip:
+        panel = b.gep(dst, [b.mul(ip, b.mul(kcp, _c(mr)))], inbounds=True)
+        row0 = b.add(ic, b.mul(ip, _c(mr)))
+        with for_range(b, 0, mr, name="pack_w.r") as r:
+            row = _min(b, b.add(row0, r), _c(spec.m - 1))
+            with for_range(b, 0, kcp, name="pack_w.p") as p:
+                inside = b.icmp_signed("<", p, kc)
+                col = _min(b, b.add(pc, p), _c(spec.k - 1))
+                v = _convert(b, spec.load_w(b, ops, row, col), blk, spec.w_signed, "w")
+                at = b.add(b.add(b.mul(b.udiv(p, _c(g)), _c(mr * g)), b.mul(r, _c(g))), b.urem(p, _c(g)))
+                b.store(b.select(inside, v, zero), b.gep(panel, [at], inbounds=True))
+
+
+def _pack_x_panel(b: ir.IRBuilder, spec: IGemmSpec, blk: IBlocking, ops: Sequence[ir.Value], dst: ir.Value,
+                  pc: ir.Value, kc: ir.Value, kcp: ir.Value, col0: ir.Value) -> None:
+    """X[pc:pc+kc, col0:col0+nr] into one panel ``[p/g][jj][p%g]`` through ``load_x`` (columns
+    past N read the last column; positions past kc are 0)."""
+    g, nr = blk.group, blk.nr
+    zero = ir.Constant(blk.elem, 0)
+    with for_range(b, 0, kcp, step=g, name="pack_x.q") as p0:
+        row_dst = b.gep(dst, [b.mul(p0, _c(nr))], inbounds=True)
+        with for_range(b, 0, nr, name="pack_x.jj") as jj:
+            col = _min(b, b.add(col0, jj), _c(spec.n - 1))
+            for e in range(g):
+                p = b.add(p0, _c(e))
+                inside = b.icmp_signed("<", p, kc)
+                row = _min(b, b.add(pc, p), _c(spec.k - 1))
+                v = _convert(b, spec.load_x(b, ops, row, col), blk, spec.x_signed, "x")
+                b.store(b.select(inside, v, zero), b.gep(row_dst, [b.add(b.mul(jj, _c(g)), _c(e))], inbounds=True))
+
+
+def matrix_loader(index: int, ld: int, transposed: bool = False) -> Loader:
+    """Loader of a row-major 8-bit matrix at operand ``index``, leading dimension ``ld``
+    (``transposed``: element (r, c) is stored at ``[c][r]``)."""
+
+    def load(b: ir.IRBuilder, ops: Sequence[ir.Value], row: ir.Value, col: ir.Value) -> ir.Value:
+        r, c = (col, row) if transposed else (row, col)
+        return b.load(b.gep(ops[index], [b.add(b.mul(r, _c(ld), flags=["nsw"]), c, flags=["nsw"])], inbounds=True))
+
+    return load
+
+
+def im2col_packer(index: int, channels: int, size: tuple[int, int], kernel: tuple[int, int], out_width: int,
+                  columns: int, strides: tuple[int, int], dilations: tuple[int, int], pads: tuple[int, int], blk: IBlocking,
+                  signed: bool, pad_value: Callable[[ir.IRBuilder, Sequence[ir.Value]], ir.Value]) -> Packer:
+    """Packs one X panel of a 2-D convolution's im2col matrix straight from ``x[C][H][W]``
+    (8-bit, operand ``index``): row ``p = (c·KH + kh)·KW + kw``, column ``q = oh·OW + ow`` holds
+    ``x[c][oh·sh + kh·dh - ph][ow·sw + kw·dw - pw]``, and outside the input ``pad_value`` (the
+    input's zero point, so that padded products vanish after the zero-point correction).
+
+    As :func:`polyml.codegen.gemm.im2col_packer`: a table of ``taps × nr`` source offsets and
+    in-bounds flags per panel, then per reduction position one run of ``nr`` converted
+    elements, stored at the group-interleaved positions ``[p/g][jj][p%g]``."""
+    (h, w), (kh_, kw_), (sh, sw), (dh, dw), (ph, pw) = size, kernel, strides, dilations, pads
+    taps = kh_ * kw_
+    nr, g = blk.nr, blk.group
+
+    def pack(b: ir.IRBuilder, ops: Sequence[ir.Value], dst_panel: ir.Value, pc: ir.Value, kc: ir.Value,
+             kcp: ir.Value, col0: ir.Value) -> None:
+        entry = ir.IRBuilder(b.function.entry_basic_block)
+        entry.position_at_start(b.function.entry_basic_block)
+        offsets = entry.alloca(ir.ArrayType(I32, taps * nr), name="im2col.off")
+        inside = entry.alloca(ir.ArrayType(I8, taps * nr), name="im2col.in")
+        with for_range(b, 0, nr, name="im2col.jj") as jj:
+            q = _min(b, b.add(col0, jj), _c(columns - 1))
+            ih0 = b.sub(b.mul(b.udiv(q, _c(out_width)), _c(sh)), _c(ph))
+            iw0 = b.sub(b.mul(b.urem(q, _c(out_width)), _c(sw)), _c(pw))
+            for ky in range(kh_):
+                ih = b.add(ih0, _c(ky * dh))
+                row_in = b.icmp_unsigned("<", ih, _c(h))
+                for kx in range(kw_):
+                    iw = b.add(iw0, _c(kx * dw))
+                    ok = b.and_(row_in, b.icmp_unsigned("<", iw, _c(w)))
+                    at = b.add(_c((ky * kw_ + kx) * nr), jj)
+                    off = b.select(ok, b.add(b.mul(ih, _c(w)), iw), _c(0))
+                    b.store(b.trunc(off, I32), b.gep(offsets, [_c(0), at], inbounds=True))
+                    b.store(b.zext(ok, I8), b.gep(inside, [_c(0), at], inbounds=True))
+        pad = _convert(b, pad_value(b, ops), blk, signed, "x")
+        zero = ir.Constant(blk.elem, 0)
+        with for_range(b, 0, kcp, name="im2col.p") as p:
+            kp = _min(b, b.add(pc, p), _c(channels * taps - 1))
+            c, t = b.udiv(kp, _c(taps)), b.urem(kp, _c(taps))
+            live = b.icmp_signed("<", p, kc)
+            plane = b.gep(ops[index], [b.mul(c, _c(h * w))], inbounds=True)
+            row = b.gep(dst_panel, [b.add(b.mul(b.udiv(p, _c(g)), _c(nr * g)), b.urem(p, _c(g)))], inbounds=True)
+            with for_range(b, 0, nr, name="im2col.col") as jj:
+                at = b.add(b.mul(t, _c(nr)), jj)
+                off = b.sext(b.load(b.gep(offsets, [_c(0), at], inbounds=True)), I64)
+                ok = b.trunc(b.load(b.gep(inside, [_c(0), at], inbounds=True)), ir.IntType(1))
+                v = _convert(b, b.load(b.gep(plane, [off], inbounds=True)), blk, signed, "x")
+                v = b.select(live, b.select(ok, v, pad), zero)
+                b.store(v, b.gep(row, [b.mul(jj, _c(g))], inbounds=True))
+
+    return pack
+
+
+# -- the block function ------------------------------------------------------------------------
+
+def block_function(module: ir.Module, name: str, spec: IGemmSpec, blk: IBlocking, attrs: Sequence[str]) -> ir.Function:
+    """``block(operands..., C, scratch, m0, m1, n0, n1)``: ``C[m0:m1, n0:n1]`` by the five loops
+    (``jc`` → ``pc``: pack the X block → ``ic``: pack the W block → ``jr`` → ``ir``: the
+    micro-kernel), C an int32 buffer of the product's shape; after a tile's last ``kc`` block
+    the epilogue consumes its accumulators."""
+    ukernel = micro_kernel(module, blk, attrs)
+    args = [I8P] * spec.operands + [I32P, I8P, I64, I64, I64, I64]
+    fn = _function(module, name, args, attrs, blk.width == 16)
+    fn.attributes.add("noinline")
+    *ops, c, scratch, m0, m1, n0, n1 = fn.args
+    for a in (*ops, c, scratch):
+        a.add_attribute("noalias")
+    b = spec.make_builder(fn) if spec.make_builder else ir.IRBuilder(fn.append_basic_block("entry"))
+    mr, nr, g = blk.mr, blk.nr, blk.group
+    eptr = blk.elem.as_pointer()
+    kc_block = block_kc(spec, blk)
+    mc_pad = _round_up(min(blk.mc, spec.m), mr)
+    tile = b.bitcast(scratch, I32P)
+    w_pack = b.bitcast(b.gep(scratch, [_c(_round_up(4 * mr * nr, 64))], inbounds=True), eptr)
+    x_pack = b.bitcast(b.gep(scratch, [_c(_round_up(4 * mr * nr, 64) + _round_up(blk.elem_bytes * mc_pad * kc_block, 64))],
+                             inbounds=True), eptr)
+    ldc = _c(spec.n)
+    mpad = _round_up(spec.m, mr)
+
+    def c_addr(i: ir.Value, j: ir.Value) -> ir.Value:
+        return b.gep(c, [b.add(b.mul(i, ldc, flags=["nsw"]), j, flags=["nsw"])], inbounds=True)
+
+    n_blocks = b.sdiv(b.add(b.sub(n1, n0), _c(blk.nc - 1)), _c(blk.nc))
+    with for_range(b, 0, n_blocks, name="jc") as jcb:
+        jc = b.add(n0, b.mul(jcb, _c(blk.nc)))
+        nc = _min(b, _c(blk.nc), b.sub(n1, jc))
+        with for_range(b, 0, spec.k, kc_block, name="pc") as pc:
+            kc = _min(b, _c(kc_block), b.sub(_c(spec.k), pc))
+            kcp = b.mul(b.sdiv(b.add(kc, _c(g - 1)), _c(g)), _c(g))
+            kq = b.sdiv(kcp, _c(g))
+            first = b.icmp_signed("==", pc, _c(0))
+            last = b.icmp_signed("==", b.add(pc, kc), _c(spec.k))
+            panels_n = b.sdiv(b.add(nc, _c(nr - 1)), _c(nr))
+            with for_range(b, 0, panels_n, name="pack_x.jp") as jp:
+                dst_panel = b.gep(x_pack, [b.mul(b.mul(jp, kcp), _c(nr))], inbounds=True)
+                col0 = b.add(jc, b.mul(jp, _c(nr)))
+                if spec.pack_x is not None:
+                    spec.pack_x(b, ops, dst_panel, pc, kc, kcp, col0)
+                else:
+                    _pack_x_panel(b, spec, blk, ops, dst_panel, pc, kc, kcp, col0)
+            m_blocks = b.sdiv(b.add(b.sub(m1, m0), _c(blk.mc - 1)), _c(blk.mc))
+            with for_range(b, 0, m_blocks, name="ic") as icb:
+                ic = b.add(m0, b.mul(icb, _c(blk.mc)))
+                mc = _min(b, _c(blk.mc), b.sub(m1, ic))
+                panels_m = b.sdiv(b.add(mc, _c(mr - 1)), _c(mr))
+                if spec.prepacked_w:  # block pc of the constant: W + pc*Mpad + ic*kcp
+                    w_block = b.gep(b.bitcast(ops[0], eptr), [b.add(b.mul(pc, _c(mpad)), b.mul(ic, kcp))], inbounds=True)
+                else:
+                    w_block = w_pack
+                    _pack_w(b, spec, blk, ops, w_pack, ic, pc, kc, kcp, panels_m)
+                with for_range(b, 0, panels_n, name="jr") as jpn:
+                    jr = b.mul(jpn, _c(nr))
+                    cols = _min(b, _c(nr), b.sub(nc, jr))
+                    xp = b.bitcast(b.gep(x_pack, [b.mul(jr, kcp)], inbounds=True), I32P)
+                    with for_range(b, 0, panels_m, name="ir") as ipn:
+                        ir_ = b.mul(ipn, _c(mr))
+                        rows = _min(b, _c(mr), b.sub(mc, ir_))
+                        wp = b.bitcast(b.gep(w_block, [b.mul(ir_, kcp)], inbounds=True), I32P)
+                        i0 = b.add(ic, ir_)
+                        j0 = b.add(jc, jr)
+                        full = b.and_(b.icmp_signed("==", rows, _c(mr)), b.icmp_signed("==", cols, _c(nr)))
+                        with b.if_else(full) as (then, otherwise):
+                            with then:
+                                b.call(ukernel, [kq, wp, xp, c_addr(i0, j0), ldc, b.not_(first)])
+                            with otherwise:
+                                b.call(ukernel, [kq, wp, xp, tile, _c(nr), ir.Constant(ir.IntType(1), 0)])
+                                with for_range(b, 0, rows, name="edge.r") as r:
+                                    with for_range(b, 0, cols, name="edge.c") as cc:
+                                        t = b.load(b.gep(tile, [b.add(b.mul(r, _c(nr)), cc)], inbounds=True))
+                                        dst = c_addr(b.add(i0, r), b.add(j0, cc))
+                                        old = b.select(first, ir.Constant(I32, 0), b.load(dst))
+                                        b.store(b.add(old, t), dst)
+                        with b.if_then(last):
+                            outer, inner = (cols, rows) if spec.epilogue_cols_outer else (rows, cols)
+                            with for_range(b, 0, outer, name="epi.o") as o:
+                                with for_range(b, 0, inner, name="epi.i") as n_:
+                                    r, cc = (n_, o) if spec.epilogue_cols_outer else (o, n_)
+                                    i, j = b.add(i0, r), b.add(j0, cc)
+                                    spec.epilogue(b, ops, i, j, b.load(c_addr(i, j)))
+    b.ret_void()
+    return fn
+
+
+# -- emission from an op function -----------------------------------------------------------
+
+@dataclass(frozen=True)
+class IPlan:
+    """How :func:`emit` runs ``count`` products (a batch, or a grouped convolution's groups):
+    each cut into ``shares`` pieces of ``share`` rows or columns (``dim``), the units dealt
+    in contiguous runs to ``slots`` threads with ``per`` bytes of scratch each."""
+
+    blk: IBlocking
+    dim: str
+    share: int
+    shares: int
+    slots: int
+    per: int
+
+
+#: products with at least this many multiply-adds in all are split over threads
+PARALLEL_MIN_MACS = 1 << 20
+
+
+def plan(count: int, m: int, n: int, k: int, parallel: bool = True, blk: IBlocking | None = None) -> IPlan:
+    """Threads and shares for ``count`` products of ``M×K · K×N``: the split (rows or columns,
+    whole register tiles) and number of shares per product that minimize the busiest thread's
+    register tiles (ties: fewer shares, columns first)."""
+    blk = blk or blocking_for_host()
+    threads = (os.cpu_count() or 1) if parallel and count * m * n * k >= PARALLEL_MIN_MACS else 1
+    best = None
+    for dim, total, q in (("n", n, blk.nr), ("m", m, blk.mr)):
+        tiles_other = math.ceil((m if dim == "n" else n) / (blk.mr if dim == "n" else blk.nr))
+        tiles = math.ceil(total / q)
+        for p in range(1, min(threads, tiles) + 1):
+            share = math.ceil(tiles / p) * q
+            shares = math.ceil(total / share)
+            load = math.ceil(count * shares / threads) * math.ceil(share / q) * tiles_other
+            if best is None or load < best[0]:
+                best = (load, dim, share, shares)
+    _, dim, share, shares = best
+    dummy = IGemmSpec(m, n, k, None, lambda *a: None, 2, True, False, lambda *a: None, prepacked_w=True)
+    per = _round_up(scratch_bytes(dummy, blk, share if dim == "m" else m, share if dim == "n" else n), 64)
+    return IPlan(blk, dim, share, shares, max(1, min(threads, count * shares)), per)
+
+
+def scratch_size(count: int, m: int, n: int, k: int, parallel: bool = True) -> int:
+    """Bytes of the scratch :func:`emit` needs."""
+    p = plan(count, m, n, k, parallel)
+    return p.slots * p.per
+
+
+def emit(k: KernelBuilder, spec: IGemmSpec, operands: Sequence[Buffer], c: Buffer, scratch: Buffer,
+         batch: Sequence[int] = (), strides: Sequence[Sequence[int]] = ()) -> None:
+    """``C[β] = W[β] · X[β]`` (then the epilogue) for every index β of the ``batch`` shape,
+    ``strides[x][d]`` the element stride of batch dim ``d`` in operand ``x`` (C last; 0 where
+    it is shared), the products cut and dealt to OpenMP threads as :func:`plan` says; each
+    unit is one call of the block function with its base pointers and row/column range."""
+    count = math.prod(batch)
+    p = plan(count, spec.m, spec.n, spec.k, k.parallel)
+    if scratch.type.nbytes < p.slots * p.per:
+        raise AssertionError(f"{k.node.label}: integer GEMM scratch {scratch.type.nbytes} B < {p.slots} x {p.per}")
+    attrs = [a for a in k.fn.attributes if a != "noinline"]
+    fn = block_function(k.module, f"{k.fn.name}.igemm{k.nests}", spec, p.blk, attrs)
+    k.nests += 1
+    units = count * p.shares
+    total = spec.m if p.dim == "m" else spec.n
+    widths = [_elem_bytes(buf) for buf in operands] + [4]
+    with k.parallel_loop(0, p.slots, "igemm") as slot:
+        b = k.b
+        lo = b.sdiv(b.mul(slot, _c(units)), _c(p.slots))
+        hi = b.sdiv(b.mul(b.add(slot, _c(1)), _c(units)), _c(p.slots))
+        bases = [b.bitcast(buf.ptr, I8P) for buf in (*operands, c)]
+        work = b.gep(b.bitcast(scratch.ptr, I8P), [b.mul(slot, _c(p.per))], inbounds=True)
+        with for_range(b, lo, hi, name="unit") as u:
+            rest, part = b.udiv(u, _c(p.shares)), b.urem(u, _c(p.shares))
+            offsets = [_c(0)] * len(bases)
+            for d in reversed(range(len(batch))):
+                idx = b.urem(rest, _c(batch[d])) if d else rest
+                rest = b.udiv(rest, _c(batch[d]))
+                offsets = [off if not st[d] else b.add(off, b.mul(idx, _c(st[d] * wb)))
+                           for off, st, wb in zip(offsets, strides, widths)]
+            ptrs = [b.gep(base, [off], inbounds=True) for base, off in zip(bases, offsets)]
+            ptrs[-1] = b.bitcast(ptrs[-1], I32P)
+            p0 = b.mul(part, _c(p.share))
+            p1 = _min(b, b.add(p0, _c(p.share)), _c(total))
+            ranges = [p0, p1, _c(0), _c(spec.n)] if p.dim == "m" else [_c(0), _c(spec.m), p0, p1]
+            b.call(fn, [*ptrs, work, *ranges])
+
+
+def _elem_bytes(buf: Buffer) -> int:
+    return int(np.dtype(buf.type.dtype).itemsize)
+
+
+# -- requantization -----------------------------------------------------------------------------
+
+def multipliers(x_scale: float, w_scale: np.ndarray, y_scale: float, count: int) -> np.ndarray:
+    """Per output channel ``float32(x_s · w_s[c]) / y_s`` in float32 (onnxruntime's order)."""
+    ws = np.broadcast_to(np.asarray(w_scale, np.float32).reshape(-1), (count,)) if np.size(w_scale) == 1 \
+        else np.asarray(w_scale, np.float32).reshape(-1)
+    return (np.float32(x_scale) * ws).astype(np.float32) / np.float32(y_scale)
