@@ -107,6 +107,8 @@ def cmd_build(args: argparse.Namespace) -> int:
         f"{m['loop_nests']} loop nests, intermediates {m['intermediate_bytes'] / 1e6:.1f} MB"
     )
     print_fusion(m.get("fusion"), verbose=args.verbose)
+    if m.get("quantization"):  # which quantized ops became integer code, which ran in float
+        console.print(m["quantization"]["summary"])
     return 0
 
 

@@ -49,8 +49,10 @@ FUSION_PICTURES = {"fusion.svg": "fusion.svg", "fusion.png": "fusion.png", "fusi
 def run_tool(cmd: list[str], outdir: Path, inputs: list[Path], what: str, cwd: Path | None = None) -> None:
     """Run one toolchain command; on failure save its inputs and a reproducing command, then raise.
 
-    Everything lands in ``outdir/failed/<input stem>.*``: the input files, ``.command.sh`` (the
-    command with its input and ``-o`` paths pointing into ``failed/``) and ``.stderr.txt``.
+    Everything lands in ``outdir/failed/<input stem>.*``: the input files (a folder, e.g. of
+    JSCoPs to import, is copied whole), ``.command.sh`` (the command with its input and ``-o``
+    paths, also as ``-flag=PATH``, pointing into ``failed/``) and ``.stderr.txt``.  The error
+    shows the tool's own message (:func:`tool_message`), not its crash backtrace.
     """
     proc = subprocess.run(cmd, capture_output=True, text=True, cwd=cwd)
     if proc.returncode == 0:
@@ -60,23 +62,48 @@ def run_tool(cmd: list[str], outdir: Path, inputs: list[Path], what: str, cwd: P
     stem = inputs[0].stem if inputs else what.split()[0]
     moved = {str(p): str(fail / p.name) for p in inputs}
     for src, dst in moved.items():
-        shutil.copy(src, dst)
+        if Path(src).is_dir():
+            shutil.rmtree(dst, ignore_errors=True)
+            shutil.copytree(src, dst)
+        else:
+            shutil.copy(src, dst)
     if cwd is not None:  # arguments relative to cwd name the same inputs
         moved |= {os.path.relpath(p, cwd): str(fail / p.name) for p in inputs}
     repro = []
     for i, arg in enumerate(cmd):
         if i > 0 and cmd[i - 1] == "-o":
             arg = str(fail / f"{Path(arg).stem}.out{Path(arg).suffix}")
+        flag, eq, value = str(arg).partition("=")
+        if eq and flag.startswith("-") and value in moved:
+            arg = f"{flag}={moved[value]}"
         repro.append(moved.get(str(arg), str(arg)))
     command = shlex.join(repro)
     (fail / f"{stem}.command.sh").write_text(command + "\n")
     (fail / f"{stem}.stderr.txt").write_text(proc.stderr)
-    lines = [ln for ln in proc.stderr.strip().splitlines() if ln.strip()]
-    first_error = next((ln for ln in lines if "error" in ln.lower() or "unknown" in ln.lower()), lines[0] if lines else "")
     raise ToolchainError(
-        f"{what} failed (exit {proc.returncode}): {first_error or 'no message'}\n"
+        f"{what} failed (exit {proc.returncode}): {tool_message(proc.stderr) or 'no message'}\n"
         f"  input saved to: {', '.join(dict.fromkeys(moved.values())) or '-'}\n  reproduce with: {command}"
     )
+
+
+#: where an LLVM tool's own message ends and its crash report (backtrace) begins
+_CRASH_REPORT = ("PLEASE submit a bug report", "Stack dump:")
+#: progress notes, not messages (Polly's JSCoP importer and exporter)
+_PROGRESS = ("Reading JScop ", "Writing JScop ")
+
+
+def tool_message(stderr: str, limit: int = 6) -> str:
+    """The tool's own message in ``stderr``: for a crash, the lines it printed before LLVM's
+    crash report (an ``Assertion ... failed``, ``LLVM ERROR: ...`` and the reason before it,
+    an isl error), without progress notes; otherwise the first line that says error."""
+    lines = [ln.rstrip() for ln in stderr.splitlines() if ln.strip()]
+    crash = next((i for i, ln in enumerate(lines) if ln.startswith(_CRASH_REPORT)), None)
+    if crash is not None:
+        own = [ln for ln in lines[:crash] if not ln.startswith(_PROGRESS)]
+        if own:
+            return "\n".join(own[-limit:])
+    lines = [ln for ln in lines if not ln.startswith(_PROGRESS)]
+    return next((ln for ln in lines if "error" in ln.lower() or "unknown" in ln.lower()), lines[0] if lines else "")
 
 
 def toolchain_versions() -> dict[str, str]:
@@ -114,6 +141,11 @@ def build_artifact(
     seconds: dict[str, float] = {"frontend": round(frontend_seconds, 4)}
     target = host_target()
 
+    from polyml.passes.quantize import QuantizeQDQ
+
+    t0 = time.perf_counter()
+    graph, quantization = QuantizeQDQ().apply(graph)  # QDQ sandwiches → integer ops (no-op without Q/DQ)
+    seconds["quantize"] = time.perf_counter() - t0
     fusion = None
     unfused = graph
     if options.fuse:
@@ -198,6 +230,8 @@ def build_artifact(
     (out / WEIGHTS).write_bytes(lowered.weights)
     manifest = _manifest(graph, lowered, options, model_sha256, seconds, out)
     manifest["fusion"] = fusion.to_json() if fusion is not None else None
+    quantized = quantization.integer or quantization.ran_in_float or quantization.folded_constants
+    manifest["quantization"] = {"summary": quantization.summary(), **quantization.to_json()} if quantized else None
     manifest["tiling"] = tiles.to_json()
     build_inputs = dict(source or {})
     manifest["model"]["path"] = build_inputs.pop("path", "")

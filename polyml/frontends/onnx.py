@@ -23,6 +23,8 @@ from polyml.kernels import Operand, registry
 #: ops folded whenever their input's type is known, even if its value is not
 SHAPE_OPS = {"Shape", "Size"}
 #: ops never folded (their result is not a function of their inputs)
+#: dtypes of constant DequantizeLinear inputs kept as nodes: quantized weights and biases
+QUANTIZED_WEIGHTS = frozenset({"int8", "uint8", "int32"})
 NONDETERMINISTIC = {"RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUniformLike", "Multinomial", "Bernoulli"}
 
 
@@ -228,6 +230,8 @@ def _fold_and_infer(graph: Graph, model: onnx.ModelProto) -> None:
                 problems.append((node.label, node.op_type, "no lowering for this op type"))
             continue
         foldable = (node.op_type == "Constant" or (ins and all(t in constants for t in ins))) and node.op_type not in NONDETERMINISTIC
+        if foldable and node.op_type == "DequantizeLinear" and types[ins[0]].dtype in QUANTIZED_WEIGHTS:
+            foldable = False  # the QDQ pass (polyml.passes.quantize) reads it, and folds it if unused
         if node.op_type in SHAPE_OPS:
             foldable = True
         if foldable:

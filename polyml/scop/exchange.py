@@ -27,8 +27,8 @@ from pathlib import Path
 from polyml.driver import flags
 from polyml.driver.toolchain import tool
 from polyml.errors import ToolchainError
+from polyml.scop import importable, legality
 from polyml.scop import jscop as J
-from polyml.scop import legality
 from polyml.scop.detect import Detection, Scop, detect
 
 
@@ -101,6 +101,7 @@ def stage_imports(edited: Mapping[str, dict], sources: Mapping[str, Path], stage
                     have = ", ".join(sorted(originals)) or "none"
                     raise J.JscopError(f"{name}: {fn} has no SCoP {region!r} (its SCoPs: {have}); re-export with --emit jscop")
                 legality.check(orig.jscop, data, name, access_kinds=orig.access_kinds)
+                wanted[fn][region] = importable.prepare(data, name)
             for region, orig in originals.items():
                 data = wanted[fn].get(region, orig.jscop)
                 J.dump(J.padded(data), stage / orig.file_name)
@@ -118,10 +119,18 @@ def load_dir(folder: str | Path) -> dict[str, dict]:
 
 
 def apply_imports(src: Path, dst: Path, stage: Path, functions: list[str], opt_level: int = 0,
-                  extra: Sequence[str] = ()) -> None:
-    """``opt``: import the staged JSCoPs of ``functions`` into ``src`` and generate their code."""
+                  extra: Sequence[str] = (), keep_failed: Path | None = None) -> None:
+    """``opt``: import the staged JSCoPs of ``functions`` into ``src`` and generate their code.
+
+    ``keep_failed``: if opt fails, keep its input IR, the staged JSCoPs and the command under
+    ``keep_failed/failed/`` (as ``polyml build`` does) and report opt's own message."""
     cmd = [tool("opt"), *flags.scop_import_flags(str(stage.resolve()), functions, opt_level), *extra, src.name, "-S",
            "-o", str(dst)]
+    if keep_failed is not None:
+        from polyml.driver.build import run_tool
+
+        run_tool(cmd, keep_failed, [src.resolve(), stage.resolve()], "JSCoP import (opt)", cwd=src.parent)
+        return
     proc = subprocess.run(cmd, capture_output=True, text=True, cwd=src.parent)
     if proc.returncode != 0:
         tail = "\n".join(proc.stderr.strip().splitlines()[-6:])
@@ -130,14 +139,23 @@ def apply_imports(src: Path, dst: Path, stage: Path, functions: list[str], opt_l
 
 
 def transform(src: Path, dst: Path, rewrite: Callable[[Scop], dict | None], work: Path, opt_level: int = 0,
-              keep_jscop: Path | None = None, extra: Sequence[str] = ()) -> tuple[Detection, dict[str, dict]]:
+              keep_jscop: Path | None = None, extra: Sequence[str] = (), keep_unchanged: bool = False,
+              keep_failed: Path | None = None) -> tuple[Detection, dict[str, dict]]:
     """Detect the SCoPs of ``src``, rewrite each with ``rewrite`` (None: leave it alone), check
-    and import the results into ``dst``.  Returns the detection and the new JSCoPs by file."""
+    and import the results into ``dst``.  Returns the detection and the new JSCoPs by file.
+
+    A rewritten SCoP whose schedule orders every instance as before is left alone unless
+    ``keep_unchanged`` (the ``identity`` round trip): regenerating the same order buys nothing,
+    and Polly's importer re-analyses each SCoP of a function after generating the code of the
+    one before, which can stop matching the exported file (measured: two va_arg regions of one
+    function, each importable alone, abort opt together: "The number of memory accesses in the
+    JSop file and the number of memory accesses differ").  ``keep_failed``: see
+    :func:`apply_imports`."""
     found = detect(src)
     new: dict[str, dict] = {}
     for s in found.scops:
         data = rewrite(s)
-        if data is not None:
+        if data is not None and (keep_unchanged or not importable.same_schedules(s.jscop, data)):
             new[s.file_name] = data
     if keep_jscop is not None:
         keep_jscop.mkdir(parents=True, exist_ok=True)
@@ -156,8 +174,19 @@ def transform(src: Path, dst: Path, rewrite: Callable[[Scop], dict | None], work
             shutil.copy(src, dst)
         return found, new
     imports = stage_imports(new, {"input": local}, work / "stage", {"input": found})
-    apply_imports(local, dst, imports.stage, imports.functions["input"], opt_level, extra)
+    extra = [*extra, *parallel_flags(new.values())]
+    apply_imports(local, dst, imports.stage, imports.functions["input"], opt_level, extra, keep_failed)
     return found, new
+
+
+def parallel_flags(jscops: Iterable[Mapping]) -> list[str]:
+    """Polly's OpenMP flags if a pass asked for parallel loops in one of ``jscops`` (metadata
+    ``parallel``, :mod:`polyml.passes.parallel`), with the largest thread count asked for."""
+    asks = [d[J.META]["parallel"] for d in jscops if isinstance(d.get(J.META), dict) and "parallel" in d[J.META]]
+    if not asks:
+        return []
+    threads = [int(a.get("threads", 0)) for a in asks]
+    return flags.polly_parallel_flags(0 if 0 in threads else max(threads))
 
 
 def run_opt(src: Path, dst: Path, args: list[str]) -> None:
