@@ -43,9 +43,13 @@ def cmd_opt(args: argparse.Namespace) -> int:
             return None
         return passes.run(pipeline, start if start is not None else scop.jscop)
 
+    out = Path(args.output).resolve()  # a failing opt leaves its IR, JSCoPs and command in failed/ next to it
+    # the identity round trip re-imports unchanged schedules; other pipelines leave them alone
+    round_trip = bool(pipeline) and all(p.name == "identity" for p in pipeline)
     with tempfile.TemporaryDirectory(prefix="polyml-opt-") as tmp:
-        found, new = exchange.transform(src, Path(args.output).resolve(), rewrite, Path(tmp), opt_level=args.opt_level,
-                                        keep_jscop=Path(args.jscop_dir) if args.jscop_dir else None, extra=args.opt_arg)
+        found, new = exchange.transform(src, out, rewrite, Path(tmp), opt_level=args.opt_level,
+                                        keep_jscop=Path(args.jscop_dir) if args.jscop_dir else None, extra=args.opt_arg,
+                                        keep_unchanged=round_trip, keep_failed=out.parent)
     unknown = sorted(set(edited) - {s.file_name for s in found.scops})
     if unknown:
         console.print(f"[yellow]note:[/] no SCoP for {escape(', '.join(unknown))}")

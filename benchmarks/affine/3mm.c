@@ -1,0 +1,66 @@
+/* 3mm: G = (A * B) * (C * D) as E = A * B, F = C * D, G = E * F.
+ * A is NI x NK, B is NK x NJ, C is NJ x NM, D is NM x NL. */
+#include "affine.h"
+
+#ifndef NI
+#define NI AFFINE_PICK(32, 800)
+#endif
+#ifndef NJ
+#define NJ AFFINE_PICK(36, 900)
+#endif
+#ifndef NK
+#define NK AFFINE_PICK(40, 1000)
+#endif
+#ifndef NL
+#define NL AFFINE_PICK(44, 1100)
+#endif
+#ifndef NM
+#define NM AFFINE_PICK(48, 1200)
+#endif
+
+AFFINE_NOINLINE void kernel_3mm(double E[restrict NI][NJ], const double A[restrict NI][NK],
+                                const double B[restrict NK][NJ], double F[restrict NJ][NL],
+                                const double C[restrict NJ][NM], const double D[restrict NM][NL],
+                                double G[restrict NI][NL]) {
+  for (int i = 0; i < NI; i++)
+    for (int j = 0; j < NJ; j++) {
+      E[i][j] = 0.0;
+      for (int k = 0; k < NK; k++)
+        E[i][j] += A[i][k] * B[k][j];
+    }
+  for (int j = 0; j < NJ; j++)
+    for (int l = 0; l < NL; l++) {
+      F[j][l] = 0.0;
+      for (int m = 0; m < NM; m++)
+        F[j][l] += C[j][m] * D[m][l];
+    }
+  for (int i = 0; i < NI; i++)
+    for (int l = 0; l < NL; l++) {
+      G[i][l] = 0.0;
+      for (int j = 0; j < NJ; j++)
+        G[i][l] += E[i][j] * F[j][l];
+    }
+}
+
+int main(int argc, char **argv) {
+  double(*E)[NJ] = affine_alloc(sizeof(double[NI][NJ]));
+  double(*A)[NK] = affine_alloc(sizeof(double[NI][NK]));
+  double(*B)[NJ] = affine_alloc(sizeof(double[NK][NJ]));
+  double(*F)[NL] = affine_alloc(sizeof(double[NJ][NL]));
+  double(*C)[NM] = affine_alloc(sizeof(double[NJ][NM]));
+  double(*D)[NL] = affine_alloc(sizeof(double[NM][NL]));
+  double(*G)[NL] = affine_alloc(sizeof(double[NI][NL]));
+  for (int i = 0; i < NI; i++)
+    for (int k = 0; k < NK; k++) A[i][k] = affine_value(1, i, k, 0);
+  for (int k = 0; k < NK; k++)
+    for (int j = 0; j < NJ; j++) B[k][j] = affine_value(2, k, j, 0);
+  for (int j = 0; j < NJ; j++)
+    for (int m = 0; m < NM; m++) C[j][m] = affine_value(3, j, m, 0);
+  for (int m = 0; m < NM; m++)
+    for (int l = 0; l < NL; l++) D[m][l] = affine_value(4, m, l, 0);
+  double seconds;
+  AFFINE_TIME(seconds, kernel_3mm(E, A, B, F, C, D, G));
+  affine_finish(argc, argv, seconds, (const double *)E, (size_t)NI * NJ, (const double *)F, (size_t)NJ * NL,
+                (const double *)G, (size_t)NI * NL, (const double *)0);
+  return 0;
+}

@@ -1,0 +1,52 @@
+/* fdtd-2d: TSTEPS steps of the 2-D finite-difference time-domain method (Yee scheme, TE mode):
+ * electric fields ex, ey and magnetic field hz on an NX x NY grid, a plane-wave source
+ * src[t] on the row ey[0][:]:
+ *   ey[i][j] -= 0.5 (hz[i][j] - hz[i-1][j]);  ex[i][j] -= 0.5 (hz[i][j] - hz[i][j-1]);
+ *   hz[i][j] -= 0.7 (ex[i][j+1] - ex[i][j] + ey[i+1][j] - ey[i][j]). */
+#include "affine.h"
+
+#ifndef TSTEPS
+#define TSTEPS AFFINE_PICK(6, 500)
+#endif
+#ifndef NX
+#define NX AFFINE_PICK(30, 1000)
+#endif
+#ifndef NY
+#define NY AFFINE_PICK(36, 1200)
+#endif
+
+AFFINE_NOINLINE void kernel_fdtd_2d(double ex[restrict NX][NY], double ey[restrict NX][NY],
+                                    double hz[restrict NX][NY], const double src[restrict TSTEPS]) {
+  for (int t = 0; t < TSTEPS; t++) {
+    for (int j = 0; j < NY; j++)
+      ey[0][j] = src[t];
+    for (int i = 1; i < NX; i++)
+      for (int j = 0; j < NY; j++)
+        ey[i][j] = ey[i][j] - 0.5 * (hz[i][j] - hz[i - 1][j]);
+    for (int i = 0; i < NX; i++)
+      for (int j = 1; j < NY; j++)
+        ex[i][j] = ex[i][j] - 0.5 * (hz[i][j] - hz[i][j - 1]);
+    for (int i = 0; i < NX - 1; i++)
+      for (int j = 0; j < NY - 1; j++)
+        hz[i][j] = hz[i][j] - 0.7 * (ex[i][j + 1] - ex[i][j] + ey[i + 1][j] - ey[i][j]);
+  }
+}
+
+int main(int argc, char **argv) {
+  double(*ex)[NY] = affine_alloc(sizeof(double[NX][NY]));
+  double(*ey)[NY] = affine_alloc(sizeof(double[NX][NY]));
+  double(*hz)[NY] = affine_alloc(sizeof(double[NX][NY]));
+  double *src = affine_alloc(sizeof(double[TSTEPS]));
+  for (int t = 0; t < TSTEPS; t++) src[t] = (double)t;
+  for (int i = 0; i < NX; i++)
+    for (int j = 0; j < NY; j++) {
+      ex[i][j] = affine_value(1, i, j, 0);
+      ey[i][j] = affine_value(2, i, j, 0);
+      hz[i][j] = affine_value(3, i, j, 0);
+    }
+  double seconds;
+  AFFINE_TIME(seconds, kernel_fdtd_2d(ex, ey, hz, src));
+  affine_finish(argc, argv, seconds, (const double *)ex, (size_t)NX * NY, (const double *)ey, (size_t)NX * NY,
+                (const double *)hz, (size_t)NX * NY, (const double *)0);
+  return 0;
+}
