@@ -1,7 +1,7 @@
 """The lock files: exact versions (and hashes) of the Python packages polyml is tested with.
 
 ``requirements/runtime.txt`` (what ``polyml build`` imports) and ``requirements/test.txt`` (that
-plus the test and bench extras and the build backend) are written by ``make lock``
+plus the test, bench and plot extras and the build backend) are written by ``make lock``
 (``scripts/lock.sh``, uv) from ``pyproject.toml``'s ranges. ``make setup``, CI and the Docker
 image install from them with ``pip --require-hashes``. The wheel carries both as
 ``polyml/requirements/*.txt``, so an installed polyml can tell whether the packages around it are

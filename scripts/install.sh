@@ -4,7 +4,7 @@
 # Used by `make setup`, CI (.ci/run → make test) and docker/Dockerfile.
 #   scripts/install.sh [VENV]      (default .venv; VENV=- installs into the current Python)
 # Python packages come from the lock files (exact versions and sha256, pip --require-hashes):
-# requirements/test.txt for the test and bench extras, requirements/runtime.txt for none
+# requirements/test.txt for the test, bench and plot extras, requirements/runtime.txt for none
 # (POLYML_EXTRAS=""). Then polyml itself, without dependencies: editable from this checkout, or
 # from the wheelhouse's polyml wheel. Extras outside the lock (cuda, tf) are resolved by pip
 # from pyproject.toml's ranges on top, unpinned.
@@ -72,14 +72,14 @@ else
 fi
 PIP+=(install -q --disable-pip-version-check)
 
-# which lock: test.txt covers the test and bench extras, runtime.txt none; other extras go unlocked
+# which lock: test.txt covers the test, bench and plot extras, runtime.txt none; other extras go unlocked
 LOCK=requirements/runtime.txt
 unlocked=()
 IFS=, read -r -a extras <<< "$EXTRAS"
 for e in "${extras[@]}"; do
   case "$e" in
     "") ;;
-    test|bench) LOCK=requirements/test.txt ;;
+    test|bench|plot) LOCK=requirements/test.txt ;;
     *) unlocked+=("$e") ;;
   esac
 done

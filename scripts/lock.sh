@@ -16,8 +16,8 @@ fi
 upgrade=(); [ -z "${UPGRADE:-}" ] || upgrade=(--upgrade)
 common=(--quiet --generate-hashes --python-version 3.11 --python-platform x86_64-unknown-linux-gnu
         --native-tls --no-annotate "${upgrade[@]}")
-# test: runtime + test + bench extras + the build backend; runtime: the same pins, runtime only
-"$UV" pip compile "${common[@]}" --extra test --extra bench pyproject.toml requirements/build.in \
+# test: runtime + test + bench + plot extras + the build backend; runtime: the same pins, runtime only
+"$UV" pip compile "${common[@]}" --extra test --extra bench --extra plot pyproject.toml requirements/build.in \
   --custom-compile-command "make lock" -o requirements/test.txt "$@"
 "$UV" pip compile "${common[@]}" pyproject.toml -c requirements/test.txt \
   --custom-compile-command "make lock" -o requirements/runtime.txt "$@"

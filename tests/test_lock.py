@@ -17,7 +17,7 @@ tomllib = pytest.importorskip("tomllib")  # Python 3.11+, the locked Python
 ROOT = Path(__file__).resolve().parents[1]
 REQ = ROOT / "requirements"
 PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())
-LOCKED_EXTRAS = ("test", "bench")  # in test.txt; the others (cuda, tf, ...) are not locked
+LOCKED_EXTRAS = ("test", "bench", "plot")  # in test.txt; the others (cuda, tf, ...) are not locked
 
 
 def _entries(path: Path) -> dict[str, list[str]]:

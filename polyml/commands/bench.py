@@ -35,6 +35,11 @@ def _arguments(p: argparse.ArgumentParser) -> None:
     benchmark.add_options(p)
     p.add_argument("--inputs", default=None, help=".npz of inputs (default: seeded random data)")
     p.add_argument("--json", dest="json_file", default=None, help="write the results as JSON")
+    p.add_argument("--plot", action="append", default=[], metavar="FILE",
+                   help="draw a picture (.svg or .png; repeatable): roofline*.svg the op functions of --profile against "
+                        "the host's measured GEMM peak and triad bandwidth, latency*.svg each runner's latency "
+                        "distribution (other names: the roofline with --profile, else latency); needs "
+                        "pip install 'polyml[plot]'")
     p.add_argument("--profile", type=int, default=0, metavar="N",
                    help="also time each op function alone (polyml_step) and list the N slowest, with totals per op type")
     _add_build_options(p, outputs_flag="--output-names")
@@ -124,6 +129,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
         raise PolymlError(f"--compare: unknown peer(s) {unknown}; choose from {list(PEERS)}")
     if args.block < 1 or args.settle < 0 or args.repeat < 1 or args.warmup < 0:
         raise PolymlError("need --block >= 1, --settle >= 0, --repeat >= 1, --warmup >= 0")
+    plots = plot_kinds(args.plot, bool(args.profile))
     tmp = None
     if target.is_dir():
         compiled = CompiledModel(target)
@@ -185,7 +191,39 @@ def cmd_bench(args: argparse.Namespace) -> int:
                                                     "repeat": args.repeat, "warmup": args.warmup, "block": args.block,
                                                     "settle_s": args.settle, "results": results,
                                                     **({"profile": profile} if profile else {})}, indent=1))
+    for path, kind in plots.items():
+        if kind == "latency":
+            from polyml.plot import latency
+
+            latency.draw(times, path, f"polyml bench {target.name} (threads={threads or 'all'}, "
+                                      f"{benchmark.describe(args.repeat, args.block, args.settle)})")
+        else:
+            from polyml.plot import roofline
+
+            with console.status("measuring the roofs (packed GEMM peak, triad bandwidth) …"):
+                roofs = roofline.measure_roofs(threads)
+            roofline.draw(roofline.points(profile or []), roofs, path, f"polyml bench {target.name} --profile")
+        console.print(f"{kind} picture: {path}", highlight=False)
     return 0
+
+
+def plot_kinds(files: list[str], profile: bool) -> dict[str, str]:
+    """``{file: "roofline" | "latency"}`` for ``--plot``; checks the plot extra before any work."""
+    kinds: dict[str, str] = {}
+    if not files:
+        return kinds
+    from polyml.plot import _extra
+
+    _extra.require("polyml bench --plot")
+    for f in files:
+        _extra.picture_format(f)
+        stem = Path(f).stem.lower()
+        kind = "roofline" if stem.startswith("roofline") else "latency" if stem.startswith("latency") else (
+            "roofline" if profile else "latency")
+        if kind == "roofline" and not profile:
+            raise PolymlError(f"--plot {f}: the roofline needs the per-op times of --profile N")
+        kinds[f] = kind
+    return kinds
 
 
 def print_profile(rows: list[dict], top: int) -> None:
