@@ -228,14 +228,13 @@ def emit_cx(k: KernelBuilder, cx: Buffer, columns: int, kk: int, x_at: Callable[
             cx.store(ix, b.add(cx.load(ix), to_i32(b, x_at(ix[:-1], p, ix[-1]), x_dtype)))
 
 
-def store_output(b: ir.IRBuilder, acc: ir.Value, out_ptr: ir.Value, row: ir.Value,
-                 multipliers: ir.GlobalVariable | None, requant: Requant | None) -> None:
-    """Store the corrected accumulator of row ``row`` at ``out_ptr`` (an ``i8*`` or typed
-    pointer): int32 as is, or requantized with the row's multiplier."""
+def store_output(b: ir.IRBuilder, acc: ir.Value, out_ptr: ir.Value, multiplier: ir.Value | None,
+                 requant: Requant | None) -> None:
+    """Store a corrected accumulator at ``out_ptr`` (an ``i8*`` or typed pointer): int32 as
+    is, or requantized with its row's ``multiplier`` (float32)."""
     if requant is None:
         b.store(acc, b.bitcast(out_ptr, I32.as_pointer()))
         return
-    m = Tables.load(b, multipliers, row)
-    q = quantize_value(b, b.fmul(b.sitofp(acc, F32), m), ir.Constant(F32, float(requant.zero_point)), requant.dtype,
-                       requant.lo, requant.hi)
+    q = quantize_value(b, b.fmul(b.sitofp(acc, F32), multiplier), ir.Constant(F32, float(requant.zero_point)),
+                       requant.dtype, requant.lo, requant.hi)
     b.store(q, b.bitcast(out_ptr, ir.IntType(8).as_pointer()))

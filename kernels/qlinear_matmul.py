@@ -204,7 +204,7 @@ class _IntegerProduct(Kernel):
                 cxv = b.load(b.gep(b.bitcast(ops[at["cx"]], I32.as_pointer()), [j]))
                 v = b.sub(v, b.mul(zw, cxv))
             dst = b.gep(ops[2], [b.mul(b.add(b.mul(j, ir.Constant(I64, n)), i), ir.Constant(I64, out_bytes))])
-            store_output(b, v, dst, i, mult, rq)
+            store_output(b, v, dst, tables.load(b, mult, i) if rq is not None else None, rq)
 
         spec = igemm.IGemmSpec(n, rows, kk, None if prepacked else igemm.matrix_loader(0, n, transposed=True),
                                igemm.matrix_loader(1, kk, transposed=True), len(operands), b_dtype == "int8",
@@ -255,7 +255,7 @@ class _IntegerProduct(Kernel):
         mult = tables.f32(rq.multipliers, "mult")
         y_full = view(k, y, (*batch, m, n))
         with k.loops([*batch, m, n], names=[*(f"q{d}" for d in range(nb)), "qi", "qj"], parallel=nb + 1) as ix:
-            store_output(k.b, acc.load(ix), y_full.addr(ix), ix[-1], mult, rq)
+            store_output(k.b, acc.load(ix), y_full.addr(ix), tables.load(k.b, mult, ix[-1]), rq)
 
 
 def _bidx(buf: Buffer, bi: list) -> list:

@@ -1,0 +1,373 @@
+"""Integer convolutions: ConvInteger (int32 out) and QLinearConv (requantized 8-bit out).
+
+``y[n, m, o] = Σ_{c, j} (x[n, g·Cg + c, o·s + j·d - pad] - x_zp) · (w[m, c, j] - w_zp[m])``
+(outside the input ``x`` reads as ``x_zp``, so padding adds nothing), then for QLinearConv
+``+ bias[m]`` and the requantization of :mod:`polyml.kernels._integer` with the fused
+Relu/Clip (``polyml_clip``).  NCHW, 1-3 spatial dims, groups, strides, dilations, pads as
+:mod:`polyml.kernels.conv`.
+
+Two lowerings, exact alike (int32 arithmetic):
+
+* ``igemm`` (host builds, 2-D, constant weights with zero points 0 after the micro-kernel's
+  shift, at least 8 channels per group and 8 reduction elements, large enough): per batch
+  index and group, ``w[g] (Mg × Cg·taps) · im2col(x[n, g])`` on :mod:`polyml.codegen.igemm`,
+  the im2col panels packed straight from ``x`` (padding = ``x_zp``), the weights pre-packed
+  at compile time, ``x_zp`` folded with the weights' row sums and the bias into one per
+  channel int32 (:class:`polyml.kernels._integer.Corrections`), and the requantization
+  fused in the tile epilogue; batch and groups are the parallel dimension with the tiles.
+* ``direct`` (depthwise and other thin groups, weights with nonzero zero points, 1-D/3-D,
+  GPU lowerings): the input copied into a buffer padded with ``x_zp`` where windows leave
+  it, then per ``n, m`` (parallel) and output row an int32 row accumulator
+  ``acc[ow] += x[.., ow·s + j·d] · (w - w_zp)`` over the channels and taps, vectorized along
+  the row, and ``acc - x_zp · Σ(w - w_zp)`` into the output.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import ClassVar
+
+import llvmlite.ir as ir
+import numpy as np
+from polyml.kernels import Kernel, Operand, register
+from polyml.kernels._integer import (
+    QTYPES,
+    Corrections,
+    Requant,
+    Tables,
+    emit_rb,
+    requant_of,
+    scale_problem,
+    store_output,
+    zero_point,
+    zp_problem,
+)
+from polyml.kernels.conv import Window, conv_window, copy_parallel, nest, window_problem
+
+from polyml.codegen import gemm as packed
+from polyml.codegen import igemm
+from polyml.codegen.builder import I32, Buffer, KernelBuilder, pointer_type
+from polyml.codegen.quant import to_i32
+from polyml.errors import ShapeError
+from polyml.graph import Node, TensorType
+
+I64 = ir.IntType(64)
+I8 = ir.IntType(8)
+#: the integer GEMM needs at least this many output channels and reduction elements per group
+GEMM_MIN_CHANNELS = 8
+GEMM_MIN_REDUCTION = 8
+GEMM_MIN_MACS = 1 << 15
+
+
+def _view(k: KernelBuilder, buf: Buffer, shape: tuple[int, ...]) -> Buffer:
+    tt = TensorType(tuple(int(d) for d in shape), buf.type.dtype)
+    assert tt.size == buf.type.size, (shape, buf.shape)
+    return Buffer(k, k.b.bitcast(buf.ptr, pointer_type(tt)), tt, buf.name)
+
+
+class _IntegerConv(Kernel):
+    """The shared lowering; subclasses say where the operands are."""
+
+    polly = "off"
+    dtypes = QTYPES
+    #: input positions: x, w, x_zp, w_zp
+    X, W, ZX, ZW = 0, 1, 2, 3
+
+    def requant(self, node: Node, ins: list[Operand | None], m: int) -> Requant | None:
+        return None
+
+    def bias(self, ins: list[Operand | None]) -> np.ndarray | None:
+        return None
+
+    def out_dtype(self, ins: list[Operand | None]) -> str:
+        return "int32"
+
+    # -- shapes and choices -------------------------------------------------------------------
+    def supports(self, node: Node, ins: list[Operand | None]) -> str | None:
+        for i, what in ((self.X, "x"), (self.W, "w")):
+            if ins[i].type.dtype not in QTYPES:
+                return f"{what} ({ins[i].name!r}) is {ins[i].type.dtype}; supported: int8, uint8"
+        m = ins[self.W].type.shape[0] if ins[self.W].type.shape else 1
+        return (window_problem(node, [ins[self.X]])
+                or zp_problem(node, ins, self.ZX, ins[self.X].type.dtype, (1,), "x's zero point")
+                or zp_problem(node, ins, self.ZW, ins[self.W].type.dtype, (m,), "w's zero point"))
+
+    def geometry(self, node: Node, ins: list[Operand | None]) -> tuple[Window, int]:
+        x, w = ins[self.X].type, ins[self.W].type
+        group = int(node.attrs.get("group", 1))
+        if len(x.shape) < 3 or len(w.shape) != len(x.shape):
+            raise ShapeError(f"{node.op_type} node {node.label!r}: input {x.shape} and weight {w.shape} must both be N-C-spatial")
+        c, m = x.shape[1], w.shape[0]
+        if group < 1 or c % group or m % group or w.shape[1] * group != c:
+            raise ShapeError(f"{node.op_type} node {node.label!r}: input {x.shape}, weight {w.shape} and group={group} "
+                             "do not agree")
+        return conv_window(node, x, w), group
+
+    def infer(self, node: Node, ins: list[Operand | None]) -> list[TensorType]:
+        win, _ = self.geometry(node, ins)
+        x, w = ins[self.X].type, ins[self.W].type
+        return [TensorType((x.shape[0], w.shape[0], *win.out), self.out_dtype(ins))]
+
+    def corrections(self, node: Node, ins: list[Operand | None], blk: igemm.IBlocking) -> Corrections:
+        w = ins[self.W]
+        m, kk = w.type.shape[0], math.prod(w.type.shape[1:])
+        dw, dx = blk.shifts(w.type.dtype == "int8", ins[self.X].type.dtype == "int8")
+        row_sums = None if w.value is None else np.asarray(w.value).astype(np.int64).reshape(m, kk).sum(axis=1)
+        return Corrections(m, kk, dw, dx, zero_point(ins, self.ZW, w.type.dtype),
+                           zero_point(ins, self.ZX, ins[self.X].type.dtype), row_sums, self.bias(ins))
+
+    def use_gemm(self, node: Node, ins: list[Operand | None]) -> bool:
+        """Whether this node runs on the integer GEMM (see the module docstring)."""
+        if not packed.enabled() or ins[self.W].value is None:
+            return False
+        win, group = self.geometry(node, ins)
+        x, w = ins[self.X].type, ins[self.W].type
+        mg, kk = w.shape[0] // group, math.prod(w.shape[1:])
+        if win.rank != 2 or mg < GEMM_MIN_CHANNELS or kk < GEMM_MIN_REDUCTION:
+            return False
+        cor = self.corrections(node, ins, igemm.blocking_for_host())
+        if cor.needs_cx or not cor.zw.known:
+            return False
+        return x.shape[0] * w.shape[0] * math.prod(win.out) * kk >= GEMM_MIN_MACS
+
+    def _gemm_dims(self, node: Node, ins: list[Operand | None]) -> tuple[int, int, int, int, int]:
+        """(units = N·groups, Mg, P, K, groups)."""
+        win, group = self.geometry(node, ins)
+        x, w = ins[self.X].type, ins[self.W].type
+        return x.shape[0] * group, w.shape[0] // group, math.prod(win.out), math.prod(w.shape[1:]), group
+
+    # -- hooks ------------------------------------------------------------------------------
+    def policy(self, node: Node, ins: list[Operand | None]) -> str:
+        return "off"
+
+    def describe(self, node: Node, ins: list[Operand | None], outs: list[TensorType]) -> str:
+        win, group = self.geometry(node, ins)
+        g = f" g{group}" if group > 1 else ""
+        how = f"igemm {igemm.blocking_for_host().variant}" if self.use_gemm(node, ins) else "direct"
+        return (f"{'x'.join(map(str, win.kernel))}/{max(win.strides)} {ins[self.X].type.shape[1]}->"
+                f"{ins[self.W].type.shape[0]}{g} @{'x'.join(map(str, win.size))} {ins[self.X].type.dtype}x"
+                f"{ins[self.W].type.dtype} {how}")
+
+    def temps(self, node: Node, ins: list[Operand | None], outs: list[TensorType]) -> list[TensorType]:
+        if self.use_gemm(node, ins):
+            units, mg, p, kk, _ = self._gemm_dims(node, ins)
+            t = [TensorType((units * mg, p), "int32"),
+                 TensorType((-(-igemm.scratch_size(units, mg, p, kk) // 4),), "int32")]
+            if not self.corrections(node, ins, igemm.blocking_for_host()).constant_rb:
+                t.append(TensorType((ins[self.W].type.shape[0],), "int32"))
+            return t
+        win, _ = self.geometry(node, ins)
+        x = ins[self.X].type
+        return [TensorType(win.padded_shape(x.shape[:2]), x.dtype)] if win.needs_copy() else []
+
+    def constants(self, node: Node, ins: list[Operand | None]) -> list[np.ndarray]:
+        """For the GEMM: the weights pre-packed per group, the per-channel multipliers
+        (QLinearConv) and, when constant, the folded per-channel int32 ``rb``."""
+        if not self.use_gemm(node, ins):
+            return []
+        blk = igemm.blocking_for_host()
+        units, mg, _, kk, group = self._gemm_dims(node, ins)
+        w = np.asarray(ins[self.W].value).reshape(group, mg, kk)
+        signed = ins[self.W].type.dtype == "int8"
+        out = [np.concatenate([igemm.prepack_w(w[g], blk, signed) for g in range(group)])]
+        rq = self.requant(node, ins, group * mg)
+        if rq is not None:
+            out.append(rq.multipliers.astype(np.float32))
+        cor = self.corrections(node, ins, blk)
+        if cor.constant_rb:
+            out.append(cor.rb())
+        return out
+
+    def replaced_inputs(self, node: Node, ins: list[Operand | None]) -> set[int]:
+        return {self.W} if self.use_gemm(node, ins) else set()
+
+    # -- lowering ---------------------------------------------------------------------------
+    def _operands(self, k: KernelBuilder) -> list[Operand | None]:
+        return [None if t is None else Operand(f"in{i}", t, v) for i, (t, v) in enumerate(zip(k.in_types, k.values))]
+
+    def lower(self, k: KernelBuilder) -> None:
+        ins = self._operands(k)
+        set.add(k.fn.attributes, '"prefer-vector-width"="512"')
+        if self.use_gemm(k.node, ins):
+            self._gemm(k, ins)
+        else:
+            self._direct(k, ins)
+
+    def _gemm(self, k: KernelBuilder, ins: list[Operand | None]) -> None:
+        blk = igemm.blocking_for_host()
+        win, group = self.geometry(k.node, ins)
+        units, mg, p, kk, _ = self._gemm_dims(k.node, ins)
+        cor = self.corrections(k.node, ins, blk)
+        rq = self.requant(k.node, ins, group * mg)
+        x, y = k.inputs[self.X], k.outputs[0]
+        n_, c_all = x.shape[:2]
+        cg, m_all = c_all // group, group * mg
+        hw = math.prod(win.size)
+        consts = iter(k.constants)
+        w_packed = next(consts)
+        mult = next(consts) if rq is not None else None
+        c_temp, scratch = k.temps[0], k.temps[1]
+        if cor.constant_rb:
+            rb = next(consts)
+        else:
+            rb = k.temps[2]
+            zx_buf = k.inputs[self.ZX]
+            emit_rb(k, cor, rb, None, zx_buf)
+        zx_known = cor.zx.known
+        operands: list[Buffer] = [w_packed, x, y, rb]
+        strides = [[0, igemm.prepacked_size(mg, kk, blk) // blk.group], [c_all * hw, cg * hw], [m_all * p, mg * p],
+                   [0, mg]]
+        if mult is not None:
+            operands.append(mult)
+            strides.append([0, mg])
+        zx_at = None
+        if not zx_known:
+            zx_at = len(operands)
+            operands.append(k.inputs[self.ZX])
+            strides.append([0, 0])
+        strides.append([m_all * p, mg * p])  # C
+        out_bytes = 4 if rq is None else 1
+        x_signed = ins[self.X].type.dtype == "int8"
+
+        def pad_value(b: ir.IRBuilder, ops) -> ir.Value:  # noqa: ANN001
+            if zx_at is None:
+                return ir.Constant(I8, cor.zx.at(0) & 0xFF)
+            return b.load(ops[zx_at])
+
+        if all(e == 1 for e in win.kernel) and all(s == 1 for s in win.strides) and not win.needs_copy():
+            load_x, pack_x = igemm.matrix_loader(1, p), None
+        else:
+            load_x = None
+            pack_x = igemm.im2col_packer(1, cg, win.size, win.kernel, win.out[-1], p, win.strides, win.dilations,
+                                         win.pads_begin, blk, x_signed, pad_value)
+        mult_at = 4 if mult is not None else None
+
+        def epilogue(b: ir.IRBuilder, ops, i: ir.Value, j: ir.Value, acc: ir.Value) -> None:  # noqa: ANN001
+            v = b.add(acc, b.load(b.gep(b.bitcast(ops[3], I32.as_pointer()), [i])))
+            m = None
+            if mult_at is not None:
+                m = b.load(b.gep(b.bitcast(ops[mult_at], ir.FloatType().as_pointer()), [i]))
+            dst = b.gep(ops[2], [b.mul(b.add(b.mul(i, ir.Constant(I64, p)), j), ir.Constant(I64, out_bytes))])
+            store_output(b, v, dst, m, rq)
+
+        spec = igemm.IGemmSpec(mg, p, kk, None, load_x, len(operands), ins[self.W].type.dtype == "int8", x_signed,
+                               epilogue, pack_x=pack_x, prepacked_w=True)
+        igemm.emit(k, spec, operands, c_temp, scratch, batch=(n_, group), strides=strides)
+
+    def _direct(self, k: KernelBuilder, ins: list[Operand | None]) -> None:
+        """The padded copy (if needed), then per ``n, m`` and output row an int32 row accumulator."""
+        win, group = self.geometry(k.node, ins)
+        x, w, y = k.inputs[self.X], k.inputs[self.W], k.outputs[0]
+        x_dtype, w_dtype = ins[self.X].type.dtype, ins[self.W].type.dtype
+        n_, c_all = x.shape[:2]
+        m_all = w.shape[0]
+        cg, mg = c_all // group, m_all // group
+        r = win.rank
+        zx = zero_point(ins, self.ZX, x_dtype)
+        zw = zero_point(ins, self.ZW, w_dtype)
+        rq = self.requant(k.node, ins, m_all)
+        bias = self.bias(ins)
+        tables = Tables(k.module, k.fn.name)
+        mult = tables.f32(rq.multipliers, "mult") if rq is not None else None
+        bias_t = tables.i32(bias.astype(np.int32), "bias") if bias is not None else None
+        zw_t = tables.i32(zw.array(m_all).astype(np.int32), "zw") if zw.known else None
+        zw_buf = None if zw.known else _view(k, k.inputs[self.ZW], (zw.size,))
+        zx_buf = None if zx.known else _view(k, k.inputs[self.ZX], (1,))
+
+        def zx_value() -> ir.Value:
+            if zx_buf is None:
+                return ir.Constant(I32, zx.at(0))
+            return to_i32(k.b, zx_buf.load([0]), x_dtype)
+
+        src, shift = x, [-pb for pb in win.pads_begin]
+        if win.needs_copy():
+            src, shift = k.temps[0], [0] * r
+            with nest(k, src.shape, names=[f"z{d}" for d in range(src.rank)], parallel=copy_parallel(src.shape)) as ix:
+                fill = ir.Constant(I8, zx.at(0) & 0xFF) if zx_buf is None else zx_buf.load([0])
+                src.store(ix, fill)
+            ranges = [(max(0, -pb), min(nn, rq_ - pb)) for pb, nn, rq_ in zip(win.pads_begin, win.size, win.required)]
+            with nest(k, [n_, c_all, *ranges], names=["pn", "pc", *[f"p{d}" for d in range(r)]],
+                      parallel=copy_parallel([n_, c_all, *ranges])) as ix:
+                dst = [*ix[:2], *[k.b.add(k.i64(i), k.i64(pb)) if pb else i for i, pb in zip(ix[2:], win.pads_begin)]]
+                src.store(dst, x.load(ix))
+        ow = win.out[-1]
+        with nest(k, [n_, m_all, *win.out[:-1]], names=["n", "m", *[f"o{d}" for d in range(r - 1)]], parallel=2) as iv:
+            n, m, os_ = iv[0], iv[1], iv[2:]
+            b = k.b
+            entry = ir.IRBuilder(k.fn.entry_basic_block)
+            entry.position_at_start(k.fn.entry_basic_block)
+            row = entry.alloca(ir.ArrayType(I32, ow), name="acc.row")
+            wsum = entry.alloca(I32, name="acc.wsum")
+            m_i = k.i64(m)
+            g = b.udiv(m_i, k.i64(mg))
+            with k.loop(0, ow, "init") as o:
+                k.b.store(ir.Constant(I32, 0), k.b.gep(row, [k.i64(0), o], inbounds=True))
+            k.b.store(ir.Constant(I32, 0), wsum)
+            zw_m = (tables.load(k.b, zw_t, m_i) if zw_t is not None
+                    else to_i32(k.b, zw_buf.load([m_i if zw.size > 1 else 0]), w_dtype))
+            with nest(k, [cg, *win.kernel], names=["c", *[f"j{d}" for d in range(r)]]) as jv:
+                b = k.b
+                c, js = jv[0], jv[1:]
+                wv = b.sub(to_i32(b, w.load([m_i, c, *js]), w_dtype), zw_m)
+                b.store(b.add(b.load(wsum), wv), wsum)
+                ic = b.add(b.mul(g, k.i64(cg)), k.i64(c))
+                rows_ = [b.add(b.add(b.mul(k.i64(o), k.i64(s)), b.mul(k.i64(j), k.i64(d))), k.i64(sh))
+                         for o, j, s, d, sh in zip(os_, js[:-1], win.strides[:-1], win.dilations[:-1], shift[:-1])]
+                col0 = b.add(b.mul(k.i64(js[-1]), k.i64(win.dilations[-1])), k.i64(shift[-1]))
+                with k.loop(0, ow, "ow") as o:
+                    b = k.b
+                    col = b.add(b.mul(o, k.i64(win.strides[-1])), col0)
+                    xv = to_i32(b, src.load([n, ic, *rows_, col]), x_dtype)
+                    at = b.gep(row, [k.i64(0), o], inbounds=True)
+                    b.store(b.add(b.load(at), b.mul(xv, wv)), at)
+            b = k.b
+            corr = b.mul(zx_value(), b.load(wsum))
+            if bias_t is not None:
+                corr = b.sub(corr, tables.load(b, bias_t, m_i))
+            scale = tables.load(b, mult, m_i) if mult is not None else None
+            with k.loop(0, ow, "out") as o:
+                b = k.b
+                v = b.sub(b.load(b.gep(row, [k.i64(0), o], inbounds=True)), corr)
+                store_output(b, v, y.addr([n, m, *os_, o]), scale, rq)
+
+
+@register
+class ConvInteger(_IntegerConv):
+    """ONNX ConvInteger: int32 convolution of zero-point-shifted 8-bit operands."""
+
+    op_types = ("ConvInteger",)
+
+
+@register
+class QLinearConv(_IntegerConv):
+    """ONNX QLinearConv (bias int32 input 8, ``polyml_clip`` for a fused Relu/Clip)."""
+
+    op_types = ("QLinearConv",)
+    X, W, ZX, ZW = 0, 3, 2, 5
+    static_inputs: ClassVar[tuple[int, ...]] = (1, 2, 4, 5, 6, 7, 8)
+
+    def out_dtype(self, ins: list[Operand | None]) -> str:
+        return ins[7].type.dtype if len(ins) > 7 and ins[7] is not None else ins[self.X].type.dtype
+
+    def supports(self, node: Node, ins: list[Operand | None]) -> str | None:
+        base = super().supports(node, ins)
+        if base:
+            return base
+        m = ins[self.W].type.shape[0]
+        problem = (scale_problem(node, ins, 1, (1,), "x_scale") or scale_problem(node, ins, 4, (m,), "w_scale")
+                   or scale_problem(node, ins, 6, (1,), "y_scale"))
+        if problem:
+            return problem
+        if len(ins) > 7 and ins[7] is not None and (ins[7].type.dtype not in QTYPES or ins[7].type.size != 1):
+            return f"y_zero_point is {ins[7].type.dtype} {ins[7].type.shape} (one int8/uint8 value)"
+        if len(ins) > 8 and ins[8] is not None and (ins[8].type.dtype != "int32" or ins[8].type.shape != (m,)):
+            return f"bias {ins[8].type.dtype} {ins[8].type.shape} (int32 of shape ({m},))"
+        return None
+
+    def requant(self, node: Node, ins: list[Operand | None], m: int) -> Requant | None:
+        return requant_of(node, ins, 1, 4, 6, 7, m, self.out_dtype(ins))
+
+    def bias(self, ins: list[Operand | None]) -> np.ndarray | None:
+        if len(ins) > 8 and ins[8] is not None:
+            return np.asarray(ins[8].value).astype(np.int64).reshape(-1)
+        return None
