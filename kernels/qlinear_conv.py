@@ -353,6 +353,9 @@ class QLinearConv(_IntegerConv):
         base = super().supports(node, ins)
         if base:
             return base
+        for i in self.static_inputs:
+            if i < len(ins) and ins[i] is not None and ins[i].value is None:
+                return f"input {i} ({ins[i].name!r}) must be a compile-time constant (scales and zero points are folded)"
         m = ins[self.W].type.shape[0]
         problem = (scale_problem(node, ins, 1, (1,), "x_scale") or scale_problem(node, ins, 4, (m,), "w_scale")
                    or scale_problem(node, ins, 6, (1,), "y_scale"))

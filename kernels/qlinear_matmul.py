@@ -286,6 +286,9 @@ class QLinearMatMul(_IntegerProduct):
         base = super().supports(node, ins)
         if base:
             return base
+        for i in self.static_inputs:
+            if i < len(ins) and ins[i] is not None and ins[i].value is None:
+                return f"input {i} ({ins[i].name!r}) must be a compile-time constant (scales and zero points are folded)"
         n = ins[self.B].type.shape[-1] if len(ins[self.B].type.shape) > 1 else 1
         problem = (scale_problem(node, ins, 1, (1,), "a_scale") or scale_problem(node, ins, 4, (n,), "b_scale")
                    or scale_problem(node, ins, 6, (1,), "y_scale"))

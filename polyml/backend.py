@@ -31,8 +31,9 @@ from polyml.runtime.model import CompiledModel
 FOLDED_SHAPE_OPERANDS: dict[str, tuple[int, ...]] = {"ConstantOfShape": (0,)}
 
 #: graph input dtypes specialized as constants: int64/int32 shape operands (CumSum's axis,
-#: Range's bounds), float32 ones (Resize's scales and roi)
-SPECIALIZED_DTYPES = (TensorProto.INT64, TensorProto.INT32, TensorProto.FLOAT)
+#: Range's bounds), float32 ones (Resize's scales and roi), int8/uint8 ones (QLinearConv's and
+#: QLinearMatMul's zero points, folded into their integer kernels)
+SPECIALIZED_DTYPES = (TensorProto.INT64, TensorProto.INT32, TensorProto.FLOAT, TensorProto.INT8, TensorProto.UINT8)
 
 #: cache key of one specialization: (input name, shape, value bytes or b"") per input
 Key = tuple[tuple[str, tuple[int, ...], bytes], ...]
