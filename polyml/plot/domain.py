@@ -327,11 +327,14 @@ def draw(data: DomainSlice, path: str | Path, fmt: str | None = None) -> Path:
     plt = _extra.pyplot("polyml scops --plot")
     xs = [data.xy(k)[0] for k in range(len(data.points))]
     ys = [data.xy(k)[1] for k in range(len(data.points))]
-    span = max(max(xs) - min(xs) + 1, max(ys) - min(ys) + 1, 4)
+    xspan, yspan = max(xs) - min(xs) + 1.6, max(ys) - min(ys) + 1.6
     numbered = len(data.points) <= NUMBER_POINTS_UP_TO
-    side = 5.6
-    fig, axes = plt.subplots(1, len(data.panels), figsize=(side * len(data.panels) + 0.6, side + 1.9), squeeze=False)
-    pitch = side * 72 * 0.82 / span  # points between neighbours
+    side = 5.6  # inches of the longer side of a panel
+    pw, ph = (side, max(side * yspan / xspan, 1.4)) if yspan <= xspan else (max(side * xspan / yspan, 2.8), side)
+    top, bottom = 1.45, 0.7  # inches for the titles and the legend
+    fig_h = ph + top + bottom
+    fig, axes = plt.subplots(1, len(data.panels), figsize=((pw + 0.9) * len(data.panels) + 0.3, fig_h), squeeze=False)
+    pitch = min(pw / xspan, ph / yspan) * 72  # points between neighbours
     size = (pitch * (0.62 if numbered else 0.5)) ** 2
     counts = {k: sum(1 for d in data.deps if d[0] == k) for k in KINDS}
     fixed = ", ".join(f"{k}={v}" for k, v in data.fixed.items()) or "nothing"
@@ -382,9 +385,10 @@ def draw(data: DomainSlice, path: str | Path, fmt: str | None = None) -> Path:
     fig.legend(handles=handles, loc="lower center", ncol=2, fontsize=8, frameon=False, bbox_to_anchor=(0.5, 0.0))
     head = f"{data.statement}" + (f"  (op {data.op})" if data.op and data.op not in data.statement else "")
     note = (f"{len(data.points)} points; fixed: {fixed}"
-            + (f"; {data.other_deps} dependence pairs leave the slice (not drawn)" if data.other_deps else ""))
-    fig.suptitle(f"{head}\n{_shorten(note, 110)}", fontsize=9, y=0.995)
-    fig.subplots_adjust(left=0.08, right=0.98, top=0.80, bottom=0.12, wspace=0.18)
+            + (f"; {data.other_deps} dependence pairs with one end outside the slice (not drawn)" if data.other_deps else ""))
+    fig.suptitle(f"{head}\n{_shorten(note, 40 + 45 * len(data.panels))}", fontsize=9, y=0.995)
+    fig.subplots_adjust(left=0.9 / fig.get_figwidth() * len(data.panels) / 1.5, right=0.98, top=1 - top / fig_h,
+                        bottom=bottom / fig_h, wspace=0.25)
     return _extra.save(fig, path, fmt)
 
 

@@ -60,7 +60,7 @@ def short_reason(reason: str, width: int = 30) -> str:
             return short.format(*([m.group(0)] + list(m.groups())))
     first = re.split(r"[;:(]", reason, maxsplit=1)[0].strip()
     first = re.sub(r"'[^']*'", "·", first)
-    return first if len(first) <= width else first[: width - 1] + "…"
+    return first if len(first) <= width else first[: width - 1].rstrip() + "…"
 
 
 @dataclass
@@ -217,7 +217,7 @@ def columns_of(pic: FusionPicture, lay: list[int], rows: int = ROWS_PER_COLUMN) 
 
 def draw(pic: FusionPicture, path: str | Path, fmt: str | None = None, title: str = "") -> Path:
     """Draw the picture.  SVG ids: ``nest-K`` (one box per fused nest), ``op-K`` (other ops),
-    ``refused-K`` (one labelled edge per refused candidate), ``edge-K``, ``inplace-K``."""
+    ``refused-K`` (one edge per refused candidate, its label ``refused-K-label``), ``edge-K``, ``inplace-K``."""
     from matplotlib.lines import Line2D
     from matplotlib.patches import FancyArrowPatch, FancyBboxPatch
     from matplotlib.path import Path as MPath
@@ -277,10 +277,11 @@ def draw(pic: FusionPicture, path: str | Path, fmt: str | None = None, title: st
             text = f"[{u.kind}]\n{text}"
         ax.text(x, y, text, ha="center", va="center", fontsize=7.5, linespacing=1.05)
 
-    def label_at(x: float, y: float, text: str, colour: str, right: bool) -> None:
-        ax.text(x + (0.06 if right else -0.06), y, text, fontsize=6.5, color=colour, ha="left" if right else "right",
+    def label_at(x: float, y: float, text: str, colour: str, right: bool, gid: str) -> None:
+        t = ax.text(x + (0.06 if right else -0.06), y, text, fontsize=6.5, color=colour, ha="left" if right else "right",
                 va="center", zorder=6,
                 bbox={"boxstyle": "round,pad=0.12", "facecolor": "white", "edgecolor": "none", "alpha": 0.85})
+        t.set_gid(f"{gid}-label")
 
     def connect(a: int, b: int, style: dict, gid: str, label: str = "") -> None:
         (xa, ya), (xb, yb) = pos[a], pos[b]
@@ -293,7 +294,7 @@ def draw(pic: FusionPicture, path: str | Path, fmt: str | None = None, title: st
             verts = [start, (start[0], start[1] - 0.3), (gutter, start[1] - 0.3), (gutter, top), (end[0], top), end]
             arrow = FancyArrowPatch(path=MPath(verts, [MPath.MOVETO] + [MPath.LINETO] * 5), **common)
             if label:
-                label_at(end[0], (top + end[1]) / 2, label, style["color"], True)
+                label_at(end[0], (top + end[1]) / 2, label, style["color"], True, gid)
         else:
             skip = lay[b] - lay[a] > 1  # passes over other layers: bow out around their boxes
             # the arc's middle lies 0.5·rad·|chord| off the chord: clear half a box and a margin
@@ -303,7 +304,7 @@ def draw(pic: FusionPicture, path: str | Path, fmt: str | None = None, title: st
             if label:
                 dx, dy = end[0] - start[0], end[1] - start[1]
                 mx, my = (start[0] + end[0]) / 2 + 0.5 * rad * dy, (start[1] + end[1]) / 2 - 0.5 * rad * dx
-                label_at(mx, my, label, style["color"], dx >= 0 if not skip else rad * dy > 0)
+                label_at(mx, my, label, style["color"], dx >= 0 if not skip else rad * dy > 0, gid)
         arrow.set_gid(gid)
         ax.add_patch(arrow)
 

@@ -94,8 +94,11 @@ def _best_seconds(fn, repeat: int) -> float:
     return best
 
 
-def measure_roofs(threads: int = 0, gemm_n: int = GEMM_N, triad_n: int = TRIAD_N, repeat: int = 10) -> Roofs:
-    """Compile and time the packed GEMM and the triad (see the module docstring)."""
+def measure_roofs(threads: int = 0, gemm_n: int | None = None, triad_n: int | None = None, repeat: int = 10) -> Roofs:
+    """Compile and time the packed GEMM and the triad (see the module docstring); sizes
+    default to :data:`GEMM_N` and :data:`TRIAD_N`."""
+    gemm_n = gemm_n or GEMM_N
+    triad_n = triad_n or TRIAD_N
     import onnx
     from onnx import TensorProto, helper
 
