@@ -27,6 +27,7 @@ import os
 import re
 import subprocess
 import sys
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -97,9 +98,10 @@ class Build:
     opt_output: str = ""  # polyml opt's report (SCoPs transformed, ...)
 
 
-def build(kernel: str, variant: str, size: str, work: Path, passes: str | None = None) -> Build:
+def build(kernel: str, variant: str, size: str, work: Path, passes: str | None = None,
+          opt_args: Sequence[str] = ()) -> Build:
     """Build ``kernel`` as ``variant`` into ``work``; ``passes``: polyml's pipeline (None: the
-    default pipeline of ``polyml opt``)."""
+    default pipeline of ``polyml opt``), ``opt_args``: more ``polyml opt`` arguments."""
     src = source(kernel)
     work.mkdir(parents=True, exist_ok=True)
     stem = f"{kernel}.{variant}"
@@ -115,7 +117,7 @@ def build(kernel: str, variant: str, size: str, work: Path, passes: str | None =
     ll, opt_ll = work / f"{kernel}.ll", work / f"{kernel}.opt.ll"
     c1 = [clang, *IR_FLAGS, *flags, str(src), "-o", str(ll)]
     _run(c1, f"{kernel}: clang IR")
-    c2 = [*polyml_command(), "opt", str(ll), "-o", str(opt_ll), *(["--passes", passes] if passes else [])]
+    c2 = [*polyml_command(), "opt", str(ll), "-o", str(opt_ll), *(["--passes", passes] if passes else []), *opt_args]
     proc = _run(c2, f"{kernel}: polyml opt")
     c3 = [clang, "-O3", *COMMON, str(opt_ll), "-o", str(exe), *LIBS]
     _run(c3, f"{kernel}: clang on polyml's IR")
