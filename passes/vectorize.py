@@ -41,14 +41,55 @@ class Vectorize(Pass):
             raise PassError(f"vectorize: width={self.width} must be >= 0")
         deps = dependences.compute(scop).all()
         accesses = _accesses(scop)
+        order = J.statement_names(scop)
         width = self.width or host_vector_width(scop)
 
         def one(node: isl.ScheduleNode) -> tuple[isl.ScheduleNode, int]:
             if _has_band_below(node):
                 return node, 0
+            split = separate_statements(node, deps, order)
+            if split is not None:
+                return split, 0  # the walk goes on into each statement's own inner band
             return vectorize_band(node, deps, accesses, width)
 
         return sched.with_tree(scop, sched.map_bands(sched.tree(scop), one))
+
+
+def _statements(node: isl.ScheduleNode) -> list[str]:
+    sets: list[isl.Set] = []
+    node.get_domain().foreach_set(sets.append)
+    return [s.get_tuple_name() for s in sets]
+
+
+def separate_statements(node: isl.ScheduleNode, deps: isl.UnionMap, order: list[str]) -> isl.ScheduleNode | None:
+    """Give each statement of an innermost band its own innermost loops where legal.
+
+    A fused band runs several statements in one loop body, shifted against each other
+    (jacobi-2d's ``B[i][j] = …`` and ``A[i-1][j-1] = …``): isl's code then guards each
+    statement inside the innermost loop, which LLVM does not vectorize.  Split the band after
+    its first ``k`` members and put a sequence of the statements (in source order) below, the
+    largest ``k`` for which every dependence is still respected (checked on the whole tree);
+    the outer members stay fused (the tile's rows are shared).  None when nothing is legal or
+    the band runs one statement."""
+    names = [n for n in order if n in set(_statements(node))]
+    n = node.band_n_member()
+    if len(names) < 2 or n < 2:
+        return None
+    dom = node.get_domain()
+    filters = isl.UnionSetList.alloc(node.get_ctx(), len(names))
+    for name in names:
+        filters = filters.add(dom.intersect(isl.UnionSet(f"{{ {name}[{', '.join(f'i{d}' for d in range(_rank(dom, name)))}] }}")))
+    for k in range(n - 1, 0, -1):
+        inner = node.band_split(k).child(0).insert_sequence(filters)
+        if sched.is_legal(inner.get_schedule(), deps):
+            return inner.parent()
+    return None
+
+
+def _rank(dom: isl.UnionSet, name: str) -> int:
+    sets: list[isl.Set] = []
+    dom.foreach_set(sets.append)
+    return next(s.dim(isl.dim_type.set) for s in sets if s.get_tuple_name() == name)
 
 
 def host_vector_width(scop: dict) -> int:

@@ -220,6 +220,17 @@ def scop_import_flags(jscop_dir: str, functions: list[str], opt_level: int = 0) 
             f"-polly-only-func={_function_regex(functions)}"]
 
 
+def polly_parallel_flags(threads: int = 0) -> list[str]:
+    """OpenMP code for an imported schedule's parallel loops (the ``parallel`` pass asks for it):
+    Polly's code generation checks each loop of the imported schedule against its dependences
+    and outlines the outermost parallel one into GNU OpenMP calls; ``threads`` > 0 fixes the
+    team size (``-polly-num-threads``), 0 leaves it to ``OMP_NUM_THREADS``.  Polly gives up on
+    dependences after 500 000 isl operations and then finds no parallel loop; a time-tiled
+    jacobi-2d needs more (3 s of ``opt``), so the limit is off."""
+    return ["-polly-parallel", "-polly-omp-backend=GNU", "-polly-dependences-computeout=0",
+            *([f"-polly-num-threads={threads}"] if threads > 0 else [])]
+
+
 def ignore_functions_flags(functions: list[str]) -> list[str]:
     """Keep the policy pipeline's Polly off functions whose schedule was imported."""
     return [f"-polly-ignore-func={_function_regex(functions)}"] if functions else []

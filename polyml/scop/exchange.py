@@ -19,7 +19,7 @@ import re
 import shlex
 import shutil
 import subprocess
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -104,7 +104,7 @@ def stage_imports(edited: Mapping[str, dict], sources: Mapping[str, Path], stage
                 wanted[fn][region] = importable.prepare(data, name)
             for region, orig in originals.items():
                 data = wanted[fn].get(region, orig.jscop)
-                J.dump(J.padded(data), stage / orig.file_name)
+                J.dump(J.padded(J.for_polly(data)), stage / orig.file_name)
                 if region in wanted[fn]:
                     imports.files[orig.file_name] = J.digest(data)
     return imports

@@ -308,3 +308,19 @@ def describe(tree: isl.Schedule) -> list[dict]:
                     "permutable": bool(node.band_get_permutable()),
                     "coincident": [bool(node.band_member_get_coincident(k)) for k in range(node.band_n_member())]})
     return out
+
+
+def flat_union(tree: isl.Schedule) -> isl.UnionMap:
+    """The tree's schedule as one union map, every statement's range padded to one width."""
+    maps = _flat_maps(tree)
+    width = max((m.dim(isl.dim_type.out) for m in maps.values()), default=0)
+    u = isl.UnionMap("{ }")
+    for m in maps.values():
+        u = u.union(isl.UnionMap.from_map(J.pad_map(m, width)))
+    return u
+
+
+def is_legal(tree: isl.Schedule, deps: isl.UnionMap) -> bool:
+    """Does ``tree`` run the source of every dependence strictly before its target?"""
+    flat = flat_union(tree)
+    return deps.intersect(flat.lex_ge_union_map(flat)).is_empty()
