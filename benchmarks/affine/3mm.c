@@ -3,19 +3,19 @@
 #include "affine.h"
 
 #ifndef NI
-#define NI AFFINE_PICK(32, 800)
+#define NI AFFINE_PICK(32, 500)
 #endif
 #ifndef NJ
-#define NJ AFFINE_PICK(36, 900)
+#define NJ AFFINE_PICK(36, 550)
 #endif
 #ifndef NK
-#define NK AFFINE_PICK(40, 1000)
+#define NK AFFINE_PICK(40, 600)
 #endif
 #ifndef NL
-#define NL AFFINE_PICK(44, 1100)
+#define NL AFFINE_PICK(44, 650)
 #endif
 #ifndef NM
-#define NM AFFINE_PICK(48, 1200)
+#define NM AFFINE_PICK(48, 700)
 #endif
 
 AFFINE_NOINLINE void kernel_3mm(double E[restrict NI][NJ], const double A[restrict NI][NK],

@@ -9,10 +9,10 @@
 #include "affine.h"
 
 #ifndef TSTEPS
-#define TSTEPS AFFINE_PICK(4, 100)
+#define TSTEPS AFFINE_PICK(4, 40)
 #endif
 #ifndef N
-#define N AFFINE_PICK(30, 1000)
+#define N AFFINE_PICK(30, 800)
 #endif
 
 AFFINE_NOINLINE void kernel_adi(double u[restrict N][N], double v[restrict N][N], double c[restrict N][N],

@@ -4,10 +4,10 @@
 #include "affine.h"
 
 #ifndef M
-#define M AFFINE_PICK(28, 1200)
+#define M AFFINE_PICK(28, 700)
 #endif
 #ifndef N
-#define N AFFINE_PICK(32, 1400)
+#define N AFFINE_PICK(32, 900)
 #endif
 
 AFFINE_NOINLINE void kernel_covariance(double data[restrict N][M], double cov[restrict M][M],

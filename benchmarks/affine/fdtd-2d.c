@@ -6,13 +6,13 @@
 #include "affine.h"
 
 #ifndef TSTEPS
-#define TSTEPS AFFINE_PICK(6, 500)
+#define TSTEPS AFFINE_PICK(6, 200)
 #endif
 #ifndef NX
-#define NX AFFINE_PICK(30, 1000)
+#define NX AFFINE_PICK(30, 800)
 #endif
 #ifndef NY
-#define NY AFFINE_PICK(36, 1200)
+#define NY AFFINE_PICK(36, 1000)
 #endif
 
 AFFINE_NOINLINE void kernel_fdtd_2d(double ex[restrict NX][NY], double ey[restrict NX][NY],

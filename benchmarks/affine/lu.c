@@ -6,7 +6,7 @@
 #include "affine.h"
 
 #ifndef N
-#define N AFFINE_PICK(48, 1500)
+#define N AFFINE_PICK(48, 1200)
 #endif
 
 AFFINE_NOINLINE void kernel_lu(double A[restrict N][N]) {

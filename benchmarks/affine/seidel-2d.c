@@ -3,10 +3,10 @@
 #include "affine.h"
 
 #ifndef TSTEPS
-#define TSTEPS AFFINE_PICK(4, 100)
+#define TSTEPS AFFINE_PICK(4, 40)
 #endif
 #ifndef N
-#define N AFFINE_PICK(40, 2000)
+#define N AFFINE_PICK(40, 1500)
 #endif
 
 AFFINE_NOINLINE void kernel_seidel_2d(double A[restrict N][N]) {

@@ -3,10 +3,10 @@
 #include "affine.h"
 
 #ifndef N
-#define N AFFINE_PICK(40, 1200)
+#define N AFFINE_PICK(40, 800)
 #endif
 #ifndef M
-#define M AFFINE_PICK(32, 1000)
+#define M AFFINE_PICK(32, 700)
 #endif
 
 AFFINE_NOINLINE void kernel_syr2k(double alpha, double beta, double C[restrict N][N], const double A[restrict N][M],
