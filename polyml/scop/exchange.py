@@ -140,7 +140,7 @@ def apply_imports(src: Path, dst: Path, stage: Path, functions: list[str], opt_l
 
 def transform(src: Path, dst: Path, rewrite: Callable[[Scop], dict | None], work: Path, opt_level: int = 0,
               keep_jscop: Path | None = None, extra: Sequence[str] = (), keep_unchanged: bool = False,
-              keep_failed: Path | None = None) -> tuple[Detection, dict[str, dict]]:
+              keep_failed: Path | None = None, found: Detection | None = None) -> tuple[Detection, dict[str, dict]]:
     """Detect the SCoPs of ``src``, rewrite each with ``rewrite`` (None: leave it alone), check
     and import the results into ``dst``.  Returns the detection and the new JSCoPs by file.
 
@@ -150,8 +150,8 @@ def transform(src: Path, dst: Path, rewrite: Callable[[Scop], dict | None], work
     one before, which can stop matching the exported file (measured: two va_arg regions of one
     function, each importable alone, abort opt together: "The number of memory accesses in the
     JSop file and the number of memory accesses differ").  ``keep_failed``: see
-    :func:`apply_imports`."""
-    found = detect(src)
+    :func:`apply_imports`.  ``found``: ``src``'s detection if the caller has it."""
+    found = found or detect(src)
     new: dict[str, dict] = {}
     for s in found.scops:
         data = rewrite(s)
