@@ -290,6 +290,11 @@ class _Plan:
 def _plan(node: Node, x: TensorType, w: TensorType) -> _Plan:
     win = conv_window(node, x, w)
     lead = x.shape[:2]
+    from polyml.kernels.depthwise import depthwise_plan
+
+    dw = depthwise_plan(node, x, w, win)
+    if dw is not None:  # per plane on a phase-split copy (kernels/depthwise.py)
+        return _Plan("depthwise", win, dw.scratch)
     scratch = _gemm_scratch(node, x, w, win)
     if scratch is not None:
         return _Plan("gemm", win, scratch)
@@ -500,6 +505,10 @@ class Conv(Kernel):
             set.add(k.fn.attributes, f'"prefer-vector-width"="{PREFER_VECTOR_WIDTH}"')
         if plan.mode == "gemm":
             return _convolve_gemm(k, plan, src_temp)
+        if plan.mode == "depthwise":
+            from polyml.kernels.depthwise import convolve_depthwise, depthwise_plan
+
+            return convolve_depthwise(k, depthwise_plan(k.node, x.type, k.in_types[1], win), src_temp)
         # Every buffer is accessed through one array shape only: Polly gives an array a single
         # shape, and accesses through two (a 4-D store, a flattened load) make its
         # delinearization assumption false, which dismisses the op's whole SCoP.

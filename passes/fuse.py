@@ -49,6 +49,7 @@ from dataclasses import dataclass, field
 import numpy as np
 from polyml.kernels.elementwise import elementwise_ops
 from polyml.passes.attention import FuseAttention
+from polyml.passes.silu import fold_silu
 
 from polyml.graph import Graph, Node, TensorType
 
@@ -82,6 +83,7 @@ class FuseOperators:
         g = copy.deepcopy(graph)
         report = FusionReport()
         _batchnorm_to_affine(g)
+        fold_silu(g)  # x·sigmoid(x) read once, so it can be a conv epilogue
         if self.fold_into_conv:
             _fold_affine_into_conv(g, report)
         if self.attention:

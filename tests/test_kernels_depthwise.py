@@ -1,0 +1,115 @@
+"""Depthwise Conv on the phase-split plane kernel (kernels/depthwise.py) against onnxruntime on
+seeded data: strides 1-3, dilations, asymmetric and SAME pads, odd and tiny planes, channels
+not a multiple of the vector width, batch > 1, no bias, fused activations (Relu6 as Clip,
+x·sigmoid(x) rewritten to Swish, a per-channel scale) and a fused residual add read at full
+size; and the plan: which convolutions take the path and which decline."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper
+
+from polyml.graph import Node, TensorType
+from polyml.testing import compile_and_compare
+
+TOL = 1e-5
+
+CASES = [
+    # (N, C, H, W), kernel, attrs
+    ((1, 16, 7, 7), (3, 3), {"pads": [1, 1, 1, 1]}),
+    ((1, 19, 14, 14), (5, 5), {"pads": [2, 2, 2, 2]}),
+    ((2, 5, 13, 11), (3, 3), {"pads": [1, 1, 1, 1], "strides": [2, 2]}),
+    ((1, 7, 15, 20), (3, 3), {"pads": [0, 1, 2, 1], "strides": [2, 1]}),
+    ((1, 9, 12, 17), (5, 5), {"pads": [2, 2, 2, 2], "strides": [2, 2]}),
+    ((1, 3, 9, 9), (3, 3), {"pads": [2, 2, 2, 2], "dilations": [2, 2]}),
+    ((1, 4, 16, 16), (3, 3), {"strides": [3, 3]}),
+    ((1, 6, 10, 12), (3, 3), {"auto_pad": "SAME_UPPER", "strides": [2, 2]}),
+    ((1, 33, 3, 5), (3, 3), {"pads": [1, 1, 1, 1]}),
+    ((1, 8, 1, 1), (3, 3), {"pads": [1, 1, 1, 1]}),
+    ((1, 24, 56, 56), (3, 3), {"pads": [1, 1, 1, 1], "strides": [2, 2]}),
+]
+
+
+def _dw_model(xs, ks, attrs, bias=True, chain="", seed=0) -> onnx.ModelProto:
+    rng = np.random.default_rng(seed)
+    c = xs[1]
+    w = rng.standard_normal((c, 1, *ks)).astype(np.float32)
+    inits = [helper.make_tensor("w", TensorProto.FLOAT, w.shape, w.ravel())]
+    ins = ["x", "w"]
+    if bias:
+        b = rng.standard_normal(c).astype(np.float32)
+        inits.append(helper.make_tensor("b", TensorProto.FLOAT, b.shape, b))
+        ins.append("b")
+    inputs = [helper.make_tensor_value_info("x", TensorProto.FLOAT, list(xs))]
+    nodes = [helper.make_node("Conv", ins, ["c" if chain else "y"], kernel_shape=list(ks), group=c, **attrs)]
+    if chain == "relu6":
+        lo, hi = np.array(0, np.float32), np.array(6, np.float32)
+        inits += [helper.make_tensor("lo", TensorProto.FLOAT, [], [float(lo)]), helper.make_tensor("hi", TensorProto.FLOAT, [], [float(hi)])]
+        nodes.append(helper.make_node("Clip", ["c", "lo", "hi"], ["y"]))
+    elif chain == "silu":
+        nodes += [helper.make_node("Sigmoid", ["c"], ["s"]), helper.make_node("Mul", ["c", "s"], ["y"])]
+    elif chain == "scale":
+        sc = rng.standard_normal((1, c, 1, 1)).astype(np.float32)
+        inits.append(helper.make_tensor("sc", TensorProto.FLOAT, sc.shape, sc.ravel()))
+        nodes += [helper.make_node("Relu", ["c"], ["r"]), helper.make_node("Mul", ["r", "sc"], ["y"])]
+    elif chain == "residual":
+        nodes += [helper.make_node("Relu", ["c"], ["r"]), helper.make_node("Add", ["r", "z"], ["y"])]
+    graph = helper.make_graph(nodes, "dw", inputs, [helper.make_empty_tensor_value_info("y")], initializer=inits)
+    if chain == "residual":
+        model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+        shape = onnx.shape_inference.infer_shapes(model).graph.value_info
+        cshape = next(vi for vi in shape if vi.name == "c").type.tensor_type.shape
+        graph.input.append(helper.make_tensor_value_info("z", TensorProto.FLOAT, [d.dim_value for d in cshape.dim]))
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+@pytest.mark.parametrize("xs,ks,attrs", CASES)
+def test_depthwise_matches_onnxruntime(xs, ks, attrs) -> None:
+    errs = compile_and_compare(_dw_model(xs, ks, attrs), threads=2, cache=False)
+    assert max(errs.values()) <= TOL, errs
+
+
+@pytest.mark.parametrize("chain", ["relu6", "silu", "scale", "residual"])
+def test_depthwise_fused_chains(chain) -> None:
+    errs = compile_and_compare(_dw_model((1, 20, 11, 13), (3, 3), {"pads": [1, 1, 1, 1], "strides": [2, 2]}, chain=chain),
+                               threads=2, cache=False)
+    assert max(errs.values()) <= TOL, errs
+
+
+def test_depthwise_no_bias_one_thread() -> None:
+    errs = compile_and_compare(_dw_model((1, 17, 9, 23), (3, 3), {"pads": [1, 1, 1, 1]}, bias=False), threads=1, cache=False)
+    assert max(errs.values()) <= TOL, errs
+
+
+def test_depthwise_plan_choice() -> None:
+    """Depthwise 2-D convolutions take the path in host builds unless conv=direct; grouped
+    (not depthwise), channel-multiplier and 1-D ones keep the nests; the geometry is exact."""
+    from polyml.kernels.conv import _plan
+    from polyml.kernels.depthwise import depthwise_plan
+
+    from polyml.codegen import gemm as packed
+
+    def mode(xs, ws, conv="auto", on=True, **attrs):
+        node = Node("c", "Conv", ["x", "w"], ["y"], {"group": attrs.pop("group", xs[1]), **attrs})
+        with packed.packed_gemm(on, conv):
+            return _plan(node, TensorType(xs), TensorType(ws)).mode
+
+    assert mode((1, 32, 14, 14), (32, 1, 3, 3), pads=[1, 1, 1, 1]) == "depthwise"
+    assert mode((1, 32, 14, 14), (32, 1, 3, 3), conv="direct", pads=[1, 1, 1, 1]) != "depthwise"
+    assert mode((1, 32, 14, 14), (32, 1, 3, 3), on=False, pads=[1, 1, 1, 1]) != "depthwise"
+    assert mode((1, 32, 14, 14), (32, 2, 3, 3), group=16) != "depthwise"
+    assert mode((1, 32, 14, 14), (64, 1, 3, 3), group=32) != "depthwise"
+    assert mode((1, 32, 40), (32, 1, 3), pads=[1, 1]) != "depthwise"
+    node = Node("c", "Conv", ["x", "w"], ["y"], {"group": 8, "strides": [2, 2], "pads": [1, 1, 1, 1]})
+    from polyml.kernels.conv import conv_window
+
+    x, w = TensorType((1, 8, 14, 14)), TensorType((8, 1, 3, 3))
+    with packed.packed_gemm(True):
+        plan = depthwise_plan(node, x, w, conv_window(node, x, w))
+    # padded 15x15 (the last pad row/column is never read) split into 2x2 phases of 8x8
+    assert (plan.rows, plan.pitch) == (8, 8)
+    assert plan.flat % plan.lanes == 0 and plan.flat >= 7 * 8
+    assert plan.tap_offset(0, 0) == 0 and plan.tap_offset(1, 1) == 3 * 64
+    assert plan.tap_offset(2, 2) == 8 + 1
