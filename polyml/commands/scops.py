@@ -38,7 +38,7 @@ def _arguments(p: argparse.ArgumentParser) -> None:
                    help="draw each statement's domain into DIR: a 2-D slice's points coloured by tile, the execution "
                         "order, dependence arrows; with --after the original and the new schedule side by side "
                         "(needs pip install 'polyml[plot]')")
-    p.add_argument("--plot-dims", metavar="A,B", default="", help="the two domain dimensions to draw (default: the innermost pair)")
+    p.add_argument("--plot-dims", metavar="A,B", default="", help="the two domain dimensions to draw (default: the innermost pair; statements without them are skipped)")
     p.add_argument("--plot-fix", metavar="NAME=V,...", default="",
                    help="values of the dimensions not drawn and of the parameters (default: the smallest in the domain)")
     p.add_argument("--plot-window", metavar="HxW", default="32x32",
@@ -98,7 +98,10 @@ def cmd_scops(args: argparse.Namespace) -> int:
     report = printer.report_json(entries, rejected, src.op_of)
     if spec is not None:
         from polyml.cli import console
+        from polyml.errors import PolymlError
 
+        if spec.dims and not pictures:
+            raise PolymlError(f"--plot-dims {args.plot_dims}: no statement has these dimensions")
         console.print(f"{pictures} domain pictures in {args.plot}", highlight=False)
     if args.json:
         sys.stdout.write(json.dumps(report, indent=1) + "\n")

@@ -37,6 +37,7 @@ from polyml.scop.dependences import DESCRIPTION, KINDS, Dependences
 #: arrow style of each dependence kind: colour, line style, arc (pairs of two kinds stay apart)
 DEP_STYLE = {"raw": ("#222222", "solid", 0.25), "war": ("#d95f02", "dashed", -0.25), "waw": ("#7570b3", "dotted", 0.45)}
 NUMBER_POINTS_UP_TO = 64  # slices with at most this many points get their execution rank written on each
+ORDER_SHADES = 16  # the execution path is drawn in this many shades
 
 
 @dataclass(frozen=True)
@@ -78,6 +79,7 @@ class DomainSlice:
     deps: list[tuple[str, int, int]]  # (kind, source point index, target point index)
     panels: list[Panel]
     other_deps: int = 0  # dependence pairs with one end in the slice and the other outside it
+    window: dict[str, tuple[int, int, int, int]] = field(default_factory=dict)  # see slice_of
 
     def xy(self, k: int) -> tuple[int, int]:
         """Plot coordinates of point ``k``: x the inner plotted dimension, y the outer one (0 for a 1-D domain)."""
@@ -127,9 +129,18 @@ def _smallest_params(s: isl.Set) -> dict[str, int]:
     return {n: _value(pt.get_coordinate_val(isl.dim_type.set, i)) for i, n in enumerate(names)}
 
 
-def slice_of(domain: isl.Set, spec: SliceSpec, where: str) -> tuple[isl.Set, tuple[str, ...], dict[str, int]]:
+def _largest(s: isl.Set, k: int) -> int:
+    n = s.dim(isl.dim_type.set)
+    one = s.project_out(isl.dim_type.set, k + 1, n - k - 1).project_out(isl.dim_type.set, 0, k)
+    one = one.project_out(isl.dim_type.param, 0, one.dim(isl.dim_type.param))
+    return _value(one.lexmax().sample_point().get_coordinate_val(isl.dim_type.set, 0))
+
+
+def slice_of(domain: isl.Set, spec: SliceSpec, where: str,
+             window: dict[str, tuple[int, int, int, int]] | None = None) -> tuple[isl.Set, tuple[str, ...], dict[str, int]]:
     """The plotted slice ``P`` of ``domain`` (see the module docstring), the plotted dimension
-    names and the values the others were fixed at."""
+    names and the values the others were fixed at; ``window`` receives, per plotted dimension,
+    the drawn range and the range the fixed values leave (lo, hi, all_lo, all_hi)."""
     names = _dim_names(domain)
     pnames = _param_names(domain)
     unknown = [k for k in spec.fix if k not in names and k not in pnames]
@@ -165,6 +176,8 @@ def slice_of(domain: isl.Set, spec: SliceSpec, where: str) -> tuple[isl.Set, tup
             raise PolymlError(f"{where}: --plot-window sizes must be positive")
         k = names.index(n)
         lo = _smallest(s, k, where)
+        if window is not None:
+            window[n] = (lo, lo + w - 1, lo, _largest(s, k) if s.dim_has_upper_bound(isl.dim_type.set, k) else lo + w - 1)
         s = s.lower_bound_val(isl.dim_type.set, k, isl.Val.int_from_si(s.get_ctx(), lo))
         s = s.upper_bound_val(isl.dim_type.set, k, isl.Val.int_from_si(s.get_ctx(), lo + w - 1))
     if s.is_empty():
@@ -253,7 +266,8 @@ def domain_slice(stmt: Mapping, deps: Dependences, spec: SliceSpec, op: str = ""
     """The picture data of one statement: slice, points, dependence pairs, the original
     schedule's panel and, with ``transformed`` (the same statement after passes), its panel."""
     where = f"statement {stmt['name']}"
-    s, plotted, fixed = slice_of(J.domain(stmt), spec, where)
+    window: dict[str, tuple[int, int, int, int]] = {}
+    s, plotted, fixed = slice_of(J.domain(stmt), spec, where, window)
     points = _points(s)
     index = {p: k for k, p in enumerate(points)}
     pairs: list[tuple[str, int, int]] = []
@@ -268,7 +282,7 @@ def domain_slice(stmt: Mapping, deps: Dependences, spec: SliceSpec, op: str = ""
     panels = [panel(stmt, s, points, "original schedule")]
     if transformed is not None:
         panels.append(panel(transformed, s, points, f"after {after}" if after else "transformed schedule"))
-    return DomainSlice(stmt["name"], op, plotted, fixed, s, points, pairs, panels, leaving)
+    return DomainSlice(stmt["name"], op, plotted, fixed, s, points, pairs, panels, leaving, window)
 
 
 def _count_union(u: isl.UnionMap) -> int:
@@ -335,7 +349,7 @@ def draw(data: DomainSlice, path: str | Path, fmt: str | None = None) -> Path:
     fig_h = ph + top + bottom
     fig, axes = plt.subplots(1, len(data.panels), figsize=((pw + 0.9) * len(data.panels) + 0.3, fig_h), squeeze=False)
     pitch = min(pw / xspan, ph / yspan) * 72  # points between neighbours
-    size = (pitch * (0.62 if numbered else 0.5)) ** 2
+    size = min(pitch * (0.62 if numbered else 0.5), 18.0) ** 2
     counts = {k: sum(1 for d in data.deps if d[0] == k) for k in KINDS}
     fixed = ", ".join(f"{k}={v}" for k, v in data.fixed.items()) or "nothing"
     for pi, (ax, pan) in enumerate(zip(axes[0], data.panels)):
@@ -345,10 +359,12 @@ def draw(data: DomainSlice, path: str | Path, fmt: str | None = None) -> Path:
             sc = ax.scatter([xs[k] for k in ks], [ys[k] for k in ks], s=size, c=colours[t], edgecolors="none", zorder=3)
             sc.set_gid(f"p{pi}-tile-{t}")
         order = sorted(range(len(data.points)), key=lambda k: pan.rank[k])
-        segs = [[(xs[a], ys[a]), (xs[b], ys[b])] for a, b in zip(order, order[1:])]
-        if segs:
-            shade = [0.25 + 0.7 * i / max(1, len(segs) - 1) for i in range(len(segs))]
-            lc = LineCollection(segs, cmap="Greys", norm=plt.Normalize(0, 1), linewidths=0.8, alpha=0.75, zorder=2)
+        # the path in execution order, in ORDER_SHADES pieces shaded light → dark (one SVG path each)
+        pieces = [order[i * len(order) // ORDER_SHADES: (i + 1) * len(order) // ORDER_SHADES + 1] for i in range(ORDER_SHADES)]
+        lines = [[(xs[k], ys[k]) for k in piece] for piece in pieces if len(piece) > 1]
+        if lines:
+            shade = [0.25 + 0.7 * i / max(1, len(lines) - 1) for i in range(len(lines))]
+            lc = LineCollection(lines, cmap="Greys", norm=plt.Normalize(0, 1), linewidths=0.8, alpha=0.75, zorder=2)
             lc.set_array(shade)
             lc.set_gid(f"p{pi}-order")
             ax.add_collection(lc)
@@ -361,7 +377,7 @@ def draw(data: DomainSlice, path: str | Path, fmt: str | None = None) -> Path:
             colour, style, rad = DEP_STYLE[kind]
             arrow = FancyArrowPatch((xs[a], ys[a]), (xs[b], ys[b]), arrowstyle="-|>", mutation_scale=7,
                                     connectionstyle=f"arc3,rad={rad}", color=colour, linestyle=style, linewidth=0.8,
-                                    shrinkA=pitch * 0.3, shrinkB=pitch * 0.3, zorder=5)
+                                    shrinkA=size ** 0.5 / 2 + 1.5, shrinkB=size ** 0.5 / 2 + 1.5, zorder=5)
             arrow.set_gid(f"p{pi}-dep-{kind}-{kind_k[kind]}")
             kind_k[kind] += 1
             ax.add_patch(arrow)
@@ -384,7 +400,8 @@ def draw(data: DomainSlice, path: str | Path, fmt: str | None = None) -> Path:
     handles.append(Line2D([], [], color="0.45", label="execution order (light → dark)"))
     fig.legend(handles=handles, loc="lower center", ncol=2, fontsize=8, frameon=False, bbox_to_anchor=(0.5, 0.0))
     head = f"{data.statement}" + (f"  (op {data.op})" if data.op and data.op not in data.statement else "")
-    note = (f"{len(data.points)} points; fixed: {fixed}"
+    cut = [f"{n} {lo}–{min(hi, top)} of {all_lo}–{top}" for n, (lo, hi, all_lo, top) in data.window.items() if hi < top]
+    note = (f"{len(data.points)} points; fixed: {fixed}" + (f"; window: {', '.join(cut)}" if cut else "")
             + (f"; {data.other_deps} dependence pairs with one end outside the slice (not drawn)" if data.other_deps else ""))
     fig.suptitle(f"{head}\n{_shorten(note, 40 + 45 * len(data.panels))}", fontsize=9, y=0.995)
     fig.subplots_adjust(left=0.9 / fig.get_figwidth() * len(data.panels) / 1.5, right=0.98, top=1 - top / fig_h,
@@ -400,14 +417,15 @@ def plot_scop(jscop: Mapping, deps: Dependences, out_dir: str | Path, spec: Slic
               ops: Sequence[str] = (), transformed: Mapping | None = None, after: str = "",
               fmt: str = "svg", taken: set[str] | None = None) -> list[Path]:
     """One picture per statement of ``jscop`` (``ops``: each statement's graph op) into
-    ``out_dir``; statements without loops are skipped.  ``taken``: file names already written
+    ``out_dir``; statements without loops, or without the dimensions ``spec.dims`` names, are skipped.  ``taken``: file names already written
     (another SCoP of the same function) get a numeric suffix."""
     out_dir = Path(out_dir)
     written: list[Path] = []
     taken = taken if taken is not None else set()
     for k, stmt in enumerate(jscop["statements"]):
-        if J.domain(stmt).dim(isl.dim_type.set) == 0:
-            continue
+        dom = J.domain(stmt)
+        if dom.dim(isl.dim_type.set) == 0 or not set(spec.dims) <= set(_dim_names(dom)):
+            continue  # no loops, or not the dimensions asked for
         stem = file_stem(function, stmt["name"])
         name, n = stem, 1
         while name in taken:
