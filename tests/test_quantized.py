@@ -8,11 +8,15 @@ zero points at the ends of the range are part of the data.
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import numpy as np
 import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
+from polyml import cli
 from polyml.compiler import compile_graph
 from polyml.errors import PolymlError
 from polyml.frontends.onnx import from_onnx
@@ -168,3 +172,85 @@ def test_unsupported_quantization_types_are_refused() -> None:
              {"a": ("uint8", (4,))}, ["c"], {"s": np.ones(4, np.float32), "z": np.zeros(4, np.uint8)})
     with pytest.raises(PolymlError, match="per-tensor"):
         from_onnx(m)
+
+
+# -- the QDQ pass and quantized models ---------------------------------------------------------
+
+FIXTURES = Path(__file__).parent / "fixtures" / "onnx"
+
+
+@pytest.mark.parametrize("stem", ["tiny_conv_int8", "tiny_matmul_int8", "tiny_matmul_dynamic_int8"])
+def test_quantized_fixture_through_the_cli(stem: str, tmp_path, capsys) -> None:
+    """onnxruntime's quantize_static (QDQ, per channel) and quantize_dynamic nets through
+    ``polyml build`` / ``polyml run``: outputs equal onnxruntime's int8 result (ref.npz)."""
+    art, out = tmp_path / "art", tmp_path / "out.npz"
+    assert cli.main(["build", str(FIXTURES / f"{stem}.onnx"), "-o", str(art), "--no-cache"]) == 0
+    printed = capsys.readouterr().err
+    manifest = json.loads((art / "manifest.json").read_text())
+    q = manifest["quantization"]
+    if stem != "tiny_matmul_dynamic_int8":  # QDQ models: every sandwich became an integer op
+        assert q["summary"] in printed and q["ran_in_float"] == [] and len(q["integer"]) >= 8
+        assert not {"Conv", "MatMul", "Gemm"} & {f["op_type"] for f in manifest["functions"]}
+    assert cli.main(["run", str(art), "--inputs", str(FIXTURES / f"{stem}.inputs.npz"), "--outputs", str(out)]) == 0
+    with np.load(out) as got, np.load(FIXTURES / f"{stem}.ref.npz") as ref:
+        for k in got.files:
+            # int32 accumulation is exact; requantization as onnxruntime's: identical results
+            np.testing.assert_allclose(got[k], ref[k], rtol=0, atol=1e-6 * np.abs(ref[k]).max(), err_msg=k)
+            assert np.abs(ref[f"fp32:{k}"] - ref[k]).max() > 1e-3 * np.abs(ref[k]).max()  # int8 differs from fp32
+
+
+def _qdq_conv(act: str) -> onnx.ModelProto:
+    """Q → DQ → Conv (DQ'd s8 per-channel weights, int32 bias) → act → Q → DQ, written by hand."""
+    rng = np.random.default_rng(12)
+    w = rng.integers(-127, 128, (6, 4, 3, 3)).astype(np.int8)
+    inits = {"xs": np.array(0.03, np.float32), "xz": np.array(128, np.uint8), "w": w,
+             "ws": rng.uniform(0.002, 0.01, 6).astype(np.float32), "wz": np.zeros(6, np.int8),
+             "b": rng.integers(-3000, 3000, 6).astype(np.int32), "ys": np.array(0.08, np.float32),
+             "yz": np.array(100, np.uint8), "lo": np.array(-0.5, np.float32), "hi": np.array(2.0, np.float32)}
+    inits["bs"] = (inits["xs"] * inits["ws"]).astype(np.float32)
+    nodes = [helper.make_node("QuantizeLinear", ["x", "xs", "xz"], ["xq"]),
+             helper.make_node("DequantizeLinear", ["xq", "xs", "xz"], ["xd"]),
+             helper.make_node("DequantizeLinear", ["w", "ws", "wz"], ["wd"], axis=0),
+             helper.make_node("DequantizeLinear", ["b", "bs"], ["bd"], axis=0),
+             helper.make_node("Conv", ["xd", "wd", "bd"], ["c"], pads=[1, 1, 1, 1])]
+    if act == "Relu":
+        nodes.append(helper.make_node("Relu", ["c"], ["a"]))
+    elif act == "Clip":
+        nodes.append(helper.make_node("Clip", ["c", "lo", "hi"], ["a"]))
+    elif act == "Sigmoid":  # no integer form: stays DQ → Conv → Sigmoid → Q in float
+        nodes.append(helper.make_node("Sigmoid", ["c"], ["a"]))
+    nodes += [helper.make_node("QuantizeLinear", ["a" if act else "c", "ys", "yz"], ["yq"]),
+              helper.make_node("DequantizeLinear", ["yq", "ys", "yz"], ["y"])]
+    return make(nodes, {"x": ("float32", (1, 4, 12, 12))}, ["y"], inits, opset=17)
+
+
+@pytest.mark.parametrize("act", ["", "Relu", "Clip", "Sigmoid"])
+def test_qdq_conv_with_activation(act: str, tmp_path) -> None:
+    """A Relu/Clip between the product and Q folds into the integer op's output clamp
+    (``polyml_clip``); an activation with no integer form leaves the sandwich in float, reported."""
+    from polyml.passes.quantize import QuantizeQDQ
+
+    model = _qdq_conv(act)
+    graph, report = QuantizeQDQ().apply(from_onnx(model))
+    ops = {n.op_type for n in graph.nodes}
+    if act == "Sigmoid":
+        assert "QLinearConv" not in ops and {e["op_type"] for e in report.ran_in_float} == {"Conv", "Sigmoid"}
+    else:
+        assert "QLinearConv" in ops and "Conv" not in ops and report.ran_in_float == []
+        conv = next(n for n in graph.nodes if n.op_type == "QLinearConv")
+        assert ("polyml_clip" in conv.attrs) == bool(act)
+    x = (np.random.default_rng(13).standard_normal((1, 4, 12, 12)) * 1.5).astype(np.float32)
+    got, ref = run_both(model, {"x": x})
+    step = 0.08
+    # onnxruntime runs a QDQ Conv+Relu/Clip in float (exact int32 here): at most one step apart at ties
+    assert np.abs(got["y"] - ref["y"]).max() <= step * 1.001
+    assert np.mean(got["y"] != ref["y"]) < 0.01
+
+
+def test_qdq_pass_leaves_float_models_alone() -> None:
+    from polyml.passes.quantize import QuantizeQDQ
+
+    m = make([helper.make_node("Relu", ["x"], ["y"])], {"x": ("float32", (4,))}, ["y"])
+    g = from_onnx(m)
+    out, report = QuantizeQDQ().apply(g)
+    assert out is g and report.integer == [] and report.ran_in_float == []
