@@ -36,8 +36,8 @@ def _arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--inputs", default=None, help=".npz of inputs (default: seeded random data)")
     p.add_argument("--json", dest="json_file", default=None, help="write the results as JSON")
     p.add_argument("--plot", action="append", default=[], metavar="FILE",
-                   help="draw a picture (.svg or .png; repeatable): roofline*.svg the op functions of --profile against "
-                        "the host's measured GEMM peak and triad bandwidth, latency*.svg each runner's latency "
+                   help="draw a picture (.svg or .png; repeatable): a name with 'roofline' the op functions of --profile "
+                        "against the host's measured GEMM peak and triad bandwidth, with 'latency' each runner's latency "
                         "distribution (other names: the roofline with --profile, else latency); needs "
                         "pip install 'polyml[plot]'")
     p.add_argument("--profile", type=int, default=0, metavar="N",
@@ -191,6 +191,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
                                                     "repeat": args.repeat, "warmup": args.warmup, "block": args.block,
                                                     "settle_s": args.settle, "results": results,
                                                     **({"profile": profile} if profile else {})}, indent=1))
+    roofs = None
     for path, kind in plots.items():
         if kind == "latency":
             from polyml.plot import latency
@@ -200,8 +201,9 @@ def cmd_bench(args: argparse.Namespace) -> int:
         else:
             from polyml.plot import roofline
 
-            with console.status("measuring the roofs (packed GEMM peak, triad bandwidth) …"):
-                roofs = roofline.measure_roofs(threads)
+            if roofs is None:
+                with console.status("measuring the roofs (packed GEMM peak, triad bandwidth) …"):
+                    roofs = roofline.measure_roofs(threads)
             roofline.draw(roofline.points(profile or []), roofs, path, f"polyml bench {target.name} --profile")
         console.print(f"{kind} picture: {path}", highlight=False)
     return 0
@@ -218,7 +220,7 @@ def plot_kinds(files: list[str], profile: bool) -> dict[str, str]:
     for f in files:
         _extra.picture_format(f)
         stem = Path(f).stem.lower()
-        kind = "roofline" if stem.startswith("roofline") else "latency" if stem.startswith("latency") else (
+        kind = "roofline" if "roofline" in stem else "latency" if "latency" in stem else (
             "roofline" if profile else "latency")
         if kind == "roofline" and not profile:
             raise PolymlError(f"--plot {f}: the roofline needs the per-op times of --profile N")

@@ -151,10 +151,6 @@ def draw(ops: Sequence[OpPoint], roofs: Roofs, path: str | Path, title: str = ""
     mem.set_gid("roof-memory")
     comp, = ax.plot([roofs.ridge, hi_x], [roofs.peak_gflops, roofs.peak_gflops], color="#2166ac", linewidth=2)
     comp.set_gid("roof-compute")
-    ax.text(hi_x / 1.3, roofs.peak_gflops * 1.2, f"packed GEMM peak {roofs.peak_gflops:.1f} GFLOP/s", ha="right",
-            va="bottom", fontsize=8, color="#2166ac")
-    ax.text(lo_x * 1.3, lo_x * 1.3 * roofs.bandwidth_gbs * 1.25, f"triad {roofs.bandwidth_gbs:.1f} GB/s", ha="left",
-            va="bottom", fontsize=8, color="#b2182b", rotation=0)
     types = sorted({p.op_type for p in ops})
     cmap = plt.get_cmap("tab10" if len(types) <= 10 else "tab20")
     colour = {t: cmap(i % cmap.N) for i, t in enumerate(types)}
@@ -179,9 +175,11 @@ def draw(ops: Sequence[OpPoint], roofs: Roofs, path: str | Path, title: str = ""
     ax.set_xlabel("arithmetic intensity (flop / byte moved)")
     ax.set_ylabel("achieved GFLOP/s")
     ax.grid(True, which="major", linewidth=0.3, alpha=0.6)
-    handles = [Line2D([], [], marker="o", linestyle="", color=colour[t], label=t, markersize=6) for t in types]
+    handles = [Line2D([], [], color="#2166ac", linewidth=2, label=f"compute roof: packed GEMM {roofs.peak_gflops:.1f} GFLOP/s"),
+               Line2D([], [], color="#b2182b", linewidth=2, label=f"memory roof: triad {roofs.bandwidth_gbs:.1f} GB/s")]
+    handles += [Line2D([], [], marker="o", linestyle="", color=colour[t], label=t, markersize=6) for t in types]
     handles.append(Line2D([], [], marker="o", linestyle="", markerfacecolor="none", color="0.3", markersize=6,
                           label="no multiply-adds: 1 op per output element"))
-    ax.legend(handles=handles, fontsize=7, loc="upper left", frameon=True, framealpha=0.9, ncol=2)
+    ax.legend(handles=handles, fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.1), frameon=False, ncol=3)
     ax.set_title(f"{title}\n{len(ops)} op functions (area ∝ time); {roofs.how}", fontsize=8, loc="left")
     return _extra.save(fig, path)
