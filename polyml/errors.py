@@ -37,3 +37,8 @@ class ToolchainError(PolymlError):
 
 class InputError(PolymlError):
     """Inputs given at run time do not match the compiled model's interface."""
+
+
+class EmulationError(PolymlError):
+    """The CUDA emulator found a kernel fault (an out-of-bounds access, a barrier not every
+    thread of a block reaches) or cannot emulate a kernel."""

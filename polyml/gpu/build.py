@@ -1,7 +1,8 @@
 """``polyml build --target cuda``: the artifact of a CUDA build.
 
 Layout: ``ptx/<op function>.ptx`` (one PTX module per op, its kernels are ``.entry`` functions),
-``weights.bin`` (uploaded to the device once) and ``manifest.json`` with ``"target": "cuda"``,
+``kernels/<op function>.ll`` (the same module before the NVPTX back end: what the emulator runs,
+``--target cuda-emulated``), ``weights.bin`` (uploaded to the device once) and ``manifest.json`` with ``"target": "cuda"``,
 the SM, the slots and memory plan, and ``kernels``: the launches in order, each with its op,
 grid and block dimensions, argument slots and the band mapping (which loop became which
 ``blockIdx``/``threadIdx``, which stayed a loop).
@@ -26,6 +27,7 @@ from polyml.graph import Graph
 MANIFEST = "manifest.json"
 WEIGHTS = "weights.bin"
 PTX_DIR = "ptx"
+IR_DIR = "kernels"
 
 
 def build_cuda_artifact(graph: Graph, outdir: str | os.PathLike, sm: str = DEFAULT_SM, fuse: bool = True,
@@ -41,12 +43,13 @@ def build_cuda_artifact(graph: Graph, outdir: str | os.PathLike, sm: str = DEFAU
     """
     out = Path(outdir)
     out.mkdir(parents=True, exist_ok=True)
-    for old in (out / PTX_DIR, out / "model.so"):
+    for old in (out / PTX_DIR, out / IR_DIR, out / "model.so"):
         if old.is_dir():
             shutil.rmtree(old)
         elif old.exists():
             old.unlink()
     (out / PTX_DIR).mkdir()
+    (out / IR_DIR).mkdir()
     seconds: dict[str, float] = {}
     fusion = None
     if fuse:
@@ -60,7 +63,11 @@ def build_cuda_artifact(graph: Graph, outdir: str | os.PathLike, sm: str = DEFAU
     seconds["lower+map"] = time.perf_counter() - t0
     t0 = time.perf_counter()
     files: dict[str, str] = {}
+    kernel_ir: dict[str, str] = {}
     for fname, module in low.modules.items():
+        ir_text = str(module)
+        (out / IR_DIR / f"{fname}.ll").write_text(ir_text)
+        kernel_ir[f"{IR_DIR}/{fname}.ll"] = hashlib.sha256(ir_text.encode()).hexdigest()
         text = to_ptx(module, sm)
         path = out / PTX_DIR / f"{fname}.ptx"
         path.write_text(text)
@@ -89,6 +96,7 @@ def build_cuda_artifact(graph: Graph, outdir: str | os.PathLike, sm: str = DEFAU
         "kernels": [launch.to_json() for launch in low.launches],
         "shared_memory_kernels": sum(1 for launch in low.launches if launch.mapping.shared is not None),
         "files": files,
+        "kernel_ir": kernel_ir,
         "fusion": fusion.to_json() if fusion is not None else None,
         "seconds": {k: round(v, 4) for k, v in seconds.items()},
         "options": {"fuse": fuse, "sm": sm, "shared_memory": shared_memory,

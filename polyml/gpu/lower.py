@@ -39,7 +39,7 @@ class Launch:
     mapping: NestMapping
 
     def to_json(self) -> dict:
-        return {"name": self.name, "ptx": f"ptx/{self.module}.ptx", "op": self.node, "op_type": self.op_type,
+        return {"name": self.name, "ptx": f"ptx/{self.module}.ptx", "ir": f"kernels/{self.module}.ll", "op": self.node, "op_type": self.op_type,
                 "grid": list(self.mapping.grid), "block": list(self.mapping.block), "slots": self.slots,
                 "mapping": self.mapping.describe()}
 
