@@ -145,10 +145,19 @@ def cmd_run(args: argparse.Namespace) -> int:
     target = Path(args.model)
     feeds = _load_npz(args.inputs)
     tmp = None
+    kind = getattr(args, "target", "cpu")
     if target.is_dir():
         from polyml.gpu.runtime import load_artifact
 
-        compiled = load_artifact(target)  # a CUDA build runs on the device (or says there is none)
+        # a CUDA build runs on the device (or says there is none), or on the emulator
+        compiled = load_artifact(target, kind if kind != "cpu" else None)
+    elif kind != "cpu":
+        from polyml.compiler import read_graph
+        from polyml.gpu.build import compile_cuda
+
+        shapes = dict(parse_shape(s) for s in args.input_shape)
+        graph = read_graph(target, input_shapes=shapes, outputs=args.output_names.split(",") if args.output_names else None)
+        compiled = compile_cuda(graph, None, kind, fuse=args.fuse, shared_memory=args.shared_memory, sm=args.sm)
     else:
         tmp = tempfile.TemporaryDirectory(prefix="polyml-run-")
         compiled = _compile(args, target, Path(tmp.name), [])
@@ -210,6 +219,13 @@ def _run_parser(p: argparse.ArgumentParser) -> None:
     p.add_argument("model", help="artifact folder, or a model file (compiled first with the defaults)")
     p.add_argument("--inputs", required=True, help=".npz keyed by graph input names")
     p.add_argument("--outputs", dest="outputs_file", default=None, help=".npz to write, keyed by output names")
+    p.add_argument("--target", choices=["cpu", "cuda", "cuda-emulated"], default="cpu",
+                   help="a model file: build for the CPU (default) or CUDA and run on the device or on the CPU "
+                        "emulator (cuda-emulated, bounds-checked: docs/GPU.md); an artifact folder of a CUDA build: "
+                        "the device, or the emulator with cuda-emulated")
+    p.add_argument("--sm", default="sm_90", help="with --target cuda: the GPU architecture of the PTX (default sm_90)")
+    p.add_argument("--shared-memory", action="store_true",
+                   help="with --target cuda/cuda-emulated and a model file: shared-memory promotion (docs/GPU.md)")
     _add_build_options(p, outputs_flag="--output-names")
 
 

@@ -63,18 +63,27 @@ def compile(
     emit=(),
     cache: bool | None = None,
     chunks: int | None = None,
+    target: str = "cpu",
     **options,
 ) -> CompiledModel:
     """Compile a model file (``.onnx``, ``.pb``) to native code; options as :class:`Options`.
 
     ``cache``: reuse or fill the compile cache (:mod:`polyml.cache`; default on unless
     ``POLYML_NO_CACHE=1``); ``chunks``: modules per policy (default: one per core).
+    ``target``: ``"cpu"`` (default), ``"cuda"`` (a :class:`~polyml.gpu.runtime.CudaModel` on
+    device 0) or ``"cuda-emulated"`` (the CUDA kernels on the CPU emulator, a correctness tool:
+    :mod:`polyml.gpu.emulate`); CUDA targets take the options ``fuse``, ``shared_memory``, ``sm``.
     """
     t0 = time.perf_counter()
     p = Path(path)
     sha = file_sha256(p) if p.is_file() else ""
     shapes = {k: list(v) for k, v in sorted((input_shapes or {}).items())}
     source = {"path": str(p.resolve()), "input_shapes": shapes, "outputs": list(outputs) if outputs else None}
+    if target != "cpu":
+        from polyml.gpu.build import compile_cuda
+
+        graph = read_graph(path, input_shapes=input_shapes, outputs=outputs)
+        return compile_cuda(graph, output_dir, target, model_sha256=sha or file_sha256(path), source=source, **options)
 
     def build() -> CompiledModel:
         graph = read_graph(path, input_shapes=input_shapes, outputs=outputs)

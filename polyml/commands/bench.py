@@ -33,6 +33,8 @@ def _arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--repeat", type=int, default=20, help="timed runs per runner (default 20)")
     p.add_argument("--warmup", type=int, default=3, help="untimed runs per runner before the blocks (default 3)")
     benchmark.add_options(p)
+    p.add_argument("--target", choices=["cpu", "cuda", "cuda-emulated"], default="cpu",
+                   help="cpu only: bench times CPU builds (cuda-emulated is a correctness tool, never timed)")
     p.add_argument("--inputs", default=None, help=".npz of inputs (default: seeded random data)")
     p.add_argument("--json", dest="json_file", default=None, help="write the results as JSON")
     p.add_argument("--plot", action="append", default=[], metavar="FILE",
@@ -117,12 +119,27 @@ def measure(runners: dict[str, Callable[[], object]], warmup: int, repeat: int, 
         return benchmark.measure(runners, warmup, repeat, block=block, settle_s=settle_s, progress=progress)
 
 
+def _refuse_cuda(kind: str, target: Path) -> None:
+    """bench times CPU builds: a CUDA target or artifact is refused with what to use instead."""
+    from polyml.gpu.runtime import is_cuda_artifact
+
+    if kind == "cuda-emulated":
+        raise PolymlError("polyml bench: --target cuda-emulated is a correctness tool, not a performance target: the "
+                          "emulator runs each CUDA thread on the CPU with bounds checks, so its times say nothing about "
+                          "a GPU. Check results with polyml run MODEL --target cuda-emulated; time a GPU build on a "
+                          "device with scripts/run_gpu_cnns.py")
+    if kind == "cuda" or (target.is_dir() and is_cuda_artifact(target)):
+        raise PolymlError(f"polyml bench: {target if kind != 'cuda' else '--target cuda'}: bench times CPU builds; "
+                          "time a CUDA build on a device with scripts/run_gpu_cnns.py (docs/GPU.md)")
+
+
 @command("bench", _arguments, "latency of a model next to onnxruntime/openvino/tensorflow (medians of alternating blocks of runs)")
 def cmd_bench(args: argparse.Namespace) -> int:
     from polyml.compiler import read_graph
     from polyml.flops import graph_flops
 
     target = Path(args.model)
+    _refuse_cuda(args.target, target)
     peers = [p for p in args.compare.split(",") if p]
     unknown = [p for p in peers if p not in PEERS]
     if unknown:

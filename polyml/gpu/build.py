@@ -32,7 +32,7 @@ IR_DIR = "kernels"
 
 def build_cuda_artifact(graph: Graph, outdir: str | os.PathLike, sm: str = DEFAULT_SM, fuse: bool = True,
                         check_ptxas: bool | None = None, model_sha256: str = "", source: dict | None = None,
-                        shared_memory: bool = False) -> dict:
+                        shared_memory: bool = False, ptx: bool = True) -> dict:
     """Compile ``graph`` into PTX in ``outdir``; returns the manifest written there.
 
     ``shared_memory``: promote reused input tiles of conv/matmul nests into shared memory
@@ -40,6 +40,10 @@ def build_cuda_artifact(graph: Graph, outdir: str | os.PathLike, sm: str = DEFAU
 
     ``check_ptxas``: assemble every PTX file with ``ptxas -arch=<sm>`` (default: when ptxas is
     installed); the result is recorded in the manifest.
+
+    ``ptx=False``: write only the kernel IR (``kernels/``), not the PTX: an artifact for the
+    emulator (``polyml.compile(..., target="cuda-emulated")``), which runs that IR; the NVPTX
+    back end is the slowest stage of a build and a device cannot load such an artifact.
     """
     out = Path(outdir)
     out.mkdir(parents=True, exist_ok=True)
@@ -48,7 +52,8 @@ def build_cuda_artifact(graph: Graph, outdir: str | os.PathLike, sm: str = DEFAU
             shutil.rmtree(old)
         elif old.exists():
             old.unlink()
-    (out / PTX_DIR).mkdir()
+    if ptx:
+        (out / PTX_DIR).mkdir()
     (out / IR_DIR).mkdir()
     seconds: dict[str, float] = {}
     fusion = None
@@ -68,12 +73,14 @@ def build_cuda_artifact(graph: Graph, outdir: str | os.PathLike, sm: str = DEFAU
         ir_text = str(module)
         (out / IR_DIR / f"{fname}.ll").write_text(ir_text)
         kernel_ir[f"{IR_DIR}/{fname}.ll"] = hashlib.sha256(ir_text.encode()).hexdigest()
+        if not ptx:
+            continue
         text = to_ptx(module, sm)
         path = out / PTX_DIR / f"{fname}.ptx"
         path.write_text(text)
         files[f"{PTX_DIR}/{fname}.ptx"] = hashlib.sha256(text.encode()).hexdigest()
     seconds["ptx"] = time.perf_counter() - t0
-    checked = ptxas() is not None if check_ptxas is None else check_ptxas
+    checked = ptx and (ptxas() is not None if check_ptxas is None else check_ptxas)
     if checked:
         t0 = time.perf_counter()
         for name in files:
@@ -86,6 +93,7 @@ def build_cuda_artifact(graph: Graph, outdir: str | os.PathLike, sm: str = DEFAU
         "target": "cuda",
         "triple": TRIPLE,
         "sm": sm,
+        "ptx": ptx,
         "ptxas_checked": checked,
         "model": {"sha256": model_sha256, **(source or {})},
         "inputs": [{"name": n, "shape": list(t.shape), "dtype": t.dtype} for n, t in low.inputs.items()],
@@ -106,4 +114,47 @@ def build_cuda_artifact(graph: Graph, outdir: str | os.PathLike, sm: str = DEFAU
     return manifest
 
 
-__all__ = ["build_cuda_artifact"]
+#: the targets polyml.compile and polyml run take besides "cpu"
+CUDA_TARGETS = ("cuda", "cuda-emulated")
+#: compile options that apply to a CUDA build
+CUDA_OPTIONS = ("fuse", "shared_memory", "sm")
+
+
+def compile_cuda(graph: Graph, output_dir: str | os.PathLike | None, target: str, model_sha256: str = "",
+                 source: dict | None = None, **options):  # noqa: ANN201 - CudaModel
+    """``polyml.compile(..., target="cuda" | "cuda-emulated")``: build ``graph`` for CUDA into
+    ``output_dir`` (a temporary folder when None) and load it on the device or the emulator.
+
+    The emulated target writes the kernel IR only (no PTX, see :func:`build_cuda_artifact`).
+    Options: ``fuse``, ``shared_memory``, ``sm``; others (CPU code generation) are refused.
+    """
+    from polyml.errors import PolymlError
+
+    if target not in CUDA_TARGETS:
+        raise PolymlError(f"target {target!r}: expected cpu, {' or '.join(CUDA_TARGETS)}")
+    other = sorted(set(options) - set(CUDA_OPTIONS))
+    if other:
+        raise PolymlError(f"target {target}: option(s) {', '.join(other)} apply to CPU builds only "
+                          f"(a CUDA build takes {', '.join(CUDA_OPTIONS)})")
+    import tempfile
+
+    tmp = None
+    if output_dir is None:
+        tmp = tempfile.TemporaryDirectory(prefix="polyml-cuda-")
+        output_dir = tmp.name
+    build_cuda_artifact(graph, output_dir, sm=options.get("sm", DEFAULT_SM), fuse=options.get("fuse", True),
+                        shared_memory=options.get("shared_memory", False), model_sha256=model_sha256, source=source,
+                        ptx=target == "cuda", check_ptxas=None if target == "cuda" else False)
+    if target == "cuda":
+        from polyml.gpu.runtime import CudaModel
+
+        model = CudaModel(output_dir)
+    else:
+        from polyml.gpu.emulate import EmulatedModel
+
+        model = EmulatedModel(output_dir)
+    model._tmp = tmp  # keeps a temporary artifact alive as long as the model
+    return model
+
+
+__all__ = ["CUDA_OPTIONS", "CUDA_TARGETS", "build_cuda_artifact", "compile_cuda"]

@@ -241,6 +241,9 @@ class DeviceBackend:
 
     def prepare(self, plan: CudaPlan, ptrs: list[int]) -> None:
         d = self._d
+        if not plan.manifest.get("ptx", True):
+            raise ModelFormatError(f"{plan.dir}: built for the emulator only (no PTX); rebuild it with "
+                                   "polyml build --target cuda to run it on a device")
         for k in plan.launches:
             mod = self._modules.get(k.ptx)
             if mod is None:
