@@ -287,7 +287,7 @@ class _Plan:
         return self.win.required[-1] if self.src_temp is not None else self.win.size[-1]
 
 
-def _plan(node: Node, x: TensorType, w: TensorType) -> _Plan:
+def _plan(node: Node, x: TensorType, w: TensorType, constant_w: bool = False) -> _Plan:
     win = conv_window(node, x, w)
     lead = x.shape[:2]
     from polyml.kernels.depthwise import depthwise_plan
@@ -295,6 +295,11 @@ def _plan(node: Node, x: TensorType, w: TensorType) -> _Plan:
     dw = depthwise_plan(node, x, w, win)
     if dw is not None:  # per plane on a phase-split copy (kernels/depthwise.py)
         return _Plan("depthwise", win, dw.scratch)
+    from polyml.kernels.winograd import winograd_plan
+
+    wg = winograd_plan(node, x, w, win) if constant_w else None
+    if wg is not None:  # 3x3/1 with weights transformed at compile time (kernels/winograd.py)
+        return _Plan("winograd", win, wg.scratch)
     scratch = _gemm_scratch(node, x, w, win)
     if scratch is not None:
         return _Plan("gemm", win, scratch)
@@ -462,10 +467,10 @@ class Conv(Kernel):
         return [TensorType((n, m, *win.out), x.dtype)]
 
     def temps(self, node: Node, ins: list[Operand | None], outs: list[TensorType]) -> list[TensorType]:
-        return _plan(node, ins[0].type, ins[1].type).temps
+        return _plan(node, ins[0].type, ins[1].type, ins[1].value is not None).temps
 
     def describe(self, node: Node, ins: list[Operand | None], outs: list[TensorType]) -> str:
-        plan = _plan(node, ins[0].type, ins[1].type)
+        plan = _plan(node, ins[0].type, ins[1].type, ins[1].value is not None)
         win, group = plan.win, int(node.attrs.get("group", 1))
         g = f" g{group}" if group > 1 else ""
         return (f"{'x'.join(map(str, win.kernel))}/{max(win.strides)} {ins[0].type.shape[1]}->{ins[1].type.shape[0]}{g} "
@@ -473,7 +478,7 @@ class Conv(Kernel):
 
     def _prepacks(self, node: Node, ins: list[Operand | None]) -> bool:
         """Constant weights of a gemm-mode convolution are packed at compile time."""
-        return ins[1].value is not None and _plan(node, ins[0].type, ins[1].type).mode == "gemm"
+        return ins[1].value is not None and _plan(node, ins[0].type, ins[1].type, True).mode in ("gemm", "winograd")
 
     def constants(self, node: Node, ins: list[Operand | None]) -> list[np.ndarray]:
         if not self._prepacks(node, ins):
@@ -481,6 +486,11 @@ class Conv(Kernel):
         from polyml.codegen import gemm as packed
 
         w = np.asarray(ins[1].value, np.float32)
+        plan = _plan(node, ins[0].type, ins[1].type, True)
+        if plan.mode == "winograd":
+            from polyml.kernels.winograd import transform_weights, winograd_plan
+
+            return [transform_weights(w, winograd_plan(node, ins[0].type, ins[1].type, plan.win))]
         return [packed.prepack_a(w.reshape(w.shape[0], -1), packed.blocking_for_host(), math.prod(w.shape[2:]))]
 
     def replaced_inputs(self, node: Node, ins: list[Operand | None]) -> set[int]:
@@ -495,7 +505,7 @@ class Conv(Kernel):
         x, w = k.inputs[0], k.inputs[1]
         bias = k.inputs[2] if len(k.inputs) > 2 else None
         y = k.outputs[0]
-        plan = _plan(k.node, x.type, k.in_types[1])
+        plan = _plan(k.node, x.type, k.in_types[1], k.values[1] is not None)
         win, r = plan.win, plan.win.rank
         temps = iter(k.temps)
         src_temp = next(temps) if plan.src_temp is not None else None
@@ -509,6 +519,10 @@ class Conv(Kernel):
             from polyml.kernels.depthwise import convolve_depthwise, depthwise_plan
 
             return convolve_depthwise(k, depthwise_plan(k.node, x.type, k.in_types[1], win), src_temp)
+        if plan.mode == "winograd":
+            from polyml.kernels.winograd import convolve_winograd, winograd_plan
+
+            return convolve_winograd(k, winograd_plan(k.node, x.type, k.in_types[1], win), src_temp)
         # Every buffer is accessed through one array shape only: Polly gives an array a single
         # shape, and accesses through two (a 4-D store, a flattened load) make its
         # delinearization assumption false, which dismisses the op's whole SCoP.

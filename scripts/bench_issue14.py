@@ -28,6 +28,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import statistics
 import subprocess
 import tempfile
@@ -146,6 +147,10 @@ def cmd_table(args: argparse.Namespace) -> None:
 DEPTHWISE = [(32, 112, 3, 1, "relu6"), (96, 112, 3, 2, "relu6"), (144, 56, 3, 1, "relu6"), (144, 56, 3, 2, "relu6"),
              (192, 28, 3, 1, "relu6"), (576, 14, 3, 2, "relu6"), (960, 7, 3, 1, "relu6"), (240, 28, 5, 1, "silu"),
              (672, 14, 5, 1, "silu"), (1152, 7, 5, 1, "silu")]
+#: (C_in, H=W, C_out) of 3x3/1 convolutions: ResNet-50, VGG-19, SqueezeNet, DenseNet-121, Inception
+WINOGRAD = [(64, 56, 64), (128, 28, 128), (256, 14, 256), (512, 7, 512), (64, 224, 64), (128, 112, 128), (256, 56, 256),
+            (512, 28, 512), (512, 14, 512), (16, 55, 64), (32, 27, 128), (48, 13, 192), (64, 13, 256), (128, 56, 32),
+            (128, 14, 32), (128, 7, 32), (64, 56, 192), (64, 28, 96), (96, 28, 96), (160, 7, 224)]
 #: (C_in, H=W, C_out, kernel, group) of EfficientNet-B0 convolutions followed by SiLU
 SILU = [(16, 112, 96, 1, 1), (40, 28, 240, 1, 1), (112, 14, 672, 1, 1), (144, 56, 144, 3, 144), (672, 14, 672, 5, 672)]
 
@@ -209,8 +214,33 @@ def cmd_layers(args: argparse.Namespace) -> None:
                 fuse.fold_silu = saved
         return build
 
+    def winograd_build(tile: str) -> Callable[[Path, Path], object]:
+        def build(p: Path, out: Path) -> object:
+            saved = os.environ.get("POLYML_WINOGRAD")
+            os.environ["POLYML_WINOGRAD"] = tile
+            try:
+                return polyml_compile(p, out, cache=False, threads=t)
+            finally:
+                if saved is None:
+                    del os.environ["POLYML_WINOGRAD"]
+                else:
+                    os.environ["POLYML_WINOGRAD"] = saved
+        return build
+
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
+        if args.winograd:
+            print(f"3x3/1 conv + relu6, {t} threads: median ms of Winograd F(2x2), F(4x4), the packed GEMM, onnxruntime")
+            print("| C->K @HxW | F2 | F4 | gemm | onnxruntime | F2/gemm | F4/gemm | best/ort |\n|---|---|---|---|---|---|---|---|")
+            for c, h, m in WINOGRAD:
+                med = compare_builds(conv_act_model(c, h, m, 3, 1, 1, "relu6"),
+                                     {"F2": winograd_build("2"), "F4": winograd_build("4"), "gemm": winograd_build("0")},
+                                     t, args.repeat, timing, work)
+                best = min(med["F2"], med["F4"], med["gemm"])
+                print(f"| {c}->{m} @{h} | {med['F2']:.3f} | {med['F4']:.3f} | {med['gemm']:.3f} | {med['onnxruntime']:.3f} | "
+                      f"{med['F2'] / med['gemm']:.2f} | {med['F4'] / med['gemm']:.2f} | {best / med['onnxruntime']:.2f} |",
+                      flush=True)
+            return
         print(f"depthwise, {t} threads: median ms of kernels/depthwise.py (new), the direct nests (old), onnxruntime")
         print("| C | HxW | k/s | act | new | old | onnxruntime | new/old | new/ort |\n|---|---|---|---|---|---|---|---|---|")
         for c, h, k, s, act in DEPTHWISE:
@@ -242,6 +272,7 @@ def main() -> None:
     layers = sub.add_parser("layers", help="per-layer new path vs old nests vs onnxruntime")
     layers.add_argument("--threads", type=int, default=2)
     layers.add_argument("--repeat", type=int, default=30)
+    layers.add_argument("--winograd", action="store_true", help="the 3x3/1 table: Winograd F(2x2), F(4x4), packed GEMM")
     for p in (table, layers):
         p.add_argument("--warmup", type=int, default=3, help="untimed runs per runner before the blocks")
         benchmark.add_options(p)

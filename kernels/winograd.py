@@ -1,0 +1,263 @@
+"""Winograd convolution F(m×m, 3×3) (Lavin & Gray) for 3×3 stride-1 undilated convolutions with
+constant weights, on polyml's packed GEMM.
+
+With ``α = m + 2`` and the output split into ``m × m`` tiles ``t = (ti, tj)`` (``T`` of them; the
+last row and column of tiles may cross the output's border), each tile of output channel ``k`` is
+
+    Y[k, t] = Aᵀ · ( Σ_c  (G g[k, c] Gᵀ) ⊙ (Bᵀ d[c, t] B) ) · A
+
+where ``d[c, t]`` is the ``α × α`` input patch under the tile (zero outside the input) and
+``g[k, c]`` the 3×3 filter.  Written per transform-domain point ``(ξ, ν)`` the sum over ``c`` is
+a matrix product, so the convolution becomes four stages:
+
+1. weight transform, at compile time (:meth:`Kernel.constants`):
+   ``U[ξν][k][c] = (G g[k, c] Gᵀ)[ξ][ν]``, each of the ``α²`` matrices pre-packed in the GEMM's
+   panel order (:func:`polyml.codegen.gemm.prepack_a`);
+2. input transform, an affine nest over ``{[c, ti, tj]}`` (parallel over ``c``) reading a
+   zero-padded copy of x: ``V[ξν][c][t] = (Bᵀ d[c, t] B)[ξ][ν]`` (constant coefficients, unrolled);
+3. ``α²`` independent products ``M[ξν] = U[ξν] (K×C) · V[ξν] (C×T)`` on the packed GEMM,
+   the batch spread over the threads (:func:`polyml.kernels.matmul.batched_product`);
+4. output transform, a nest over ``{[k, ti, tj]}`` (parallel over ``k``):
+   ``Ypad[k][ti·m + a][tj·m + b] = (Aᵀ M[·][k][t] A)[a][b]``, then the crop to the output with
+   the bias and the fused chain (activation, residual add) in one nest over y.
+
+Multiply-adds per output: ``C·9`` directly, ``C·α²/m²`` in the products (4 for F(2×2), 2.25 for
+F(4×4)), plus transforms linear in ``C·T`` and ``K·T``.  F(4×4)'s transforms have larger
+coefficients, so its rounding error is larger; tests/test_kernels_winograd.py bounds both against
+the direct convolution per layer shape.  Which tile size runs where is :func:`choose_tile`'s rule,
+measured per layer shape (``scripts/bench_issue14.py layers``); ``POLYML_WINOGRAD=0|2|4`` forces it
+for experiments.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from fractions import Fraction
+
+import llvmlite.ir as ir
+import numpy as np
+from polyml.kernels.conv import Window, affine, nest, padded_source
+from polyml.kernels.fused import evaluate_chain
+
+from polyml.codegen import gemm as packed
+from polyml.codegen.builder import F32, Buffer, KernelBuilder, pointer_type
+from polyml.errors import PolymlError
+from polyml.graph import Node, TensorType
+
+F = Fraction
+#: the transform matrices (Bᵀ, G, Aᵀ) of F(m×m, 3×3), interpolation points 0, ±1 (, ±2), ∞
+MATRICES: dict[int, tuple[list[list[Fraction]], list[list[Fraction]], list[list[Fraction]]]] = {
+    2: (
+        [[F(1), F(0), F(-1), F(0)], [F(0), F(1), F(1), F(0)], [F(0), F(-1), F(1), F(0)], [F(0), F(1), F(0), F(-1)]],
+        [[F(1), F(0), F(0)], [F(1, 2), F(1, 2), F(1, 2)], [F(1, 2), F(-1, 2), F(1, 2)], [F(0), F(0), F(1)]],
+        [[F(1), F(1), F(1), F(0)], [F(0), F(1), F(-1), F(-1)]],
+    ),
+    4: (
+        [[F(4), F(0), F(-5), F(0), F(1), F(0)], [F(0), F(-4), F(-4), F(1), F(1), F(0)],
+         [F(0), F(4), F(-4), F(-1), F(1), F(0)], [F(0), F(-2), F(-1), F(2), F(1), F(0)],
+         [F(0), F(2), F(-1), F(-2), F(1), F(0)], [F(0), F(4), F(0), F(-5), F(0), F(1)]],
+        [[F(1, 4), F(0), F(0)], [F(-1, 6), F(-1, 6), F(-1, 6)], [F(-1, 6), F(1, 6), F(-1, 6)],
+         [F(1, 24), F(1, 12), F(1, 6)], [F(1, 24), F(-1, 12), F(1, 6)], [F(0), F(0), F(1)]],
+        [[F(1), F(1), F(1), F(1), F(1), F(0)], [F(0), F(1), F(-1), F(2), F(-2), F(0)],
+         [F(0), F(1), F(1), F(4), F(4), F(0)], [F(0), F(1), F(-1), F(8), F(-8), F(1)]],
+    ),
+}
+
+
+@dataclass(frozen=True)
+class WinogradPlan:
+    """Geometry of one Winograd convolution: output tile ``m``, tiles, and the scratch layout
+    ``[xpad | V (α²·C·T) | M (α²·K·T) | Ypad (K·TH·m·TW·m) | GEMM packing]`` per batch item."""
+
+    m: int
+    win: Window
+    batch: int
+    c: int
+    k: int
+
+    @property
+    def alpha(self) -> int:
+        return self.m + 2
+
+    @property
+    def tiles(self) -> tuple[int, int]:
+        return -(-self.win.out[0] // self.m), -(-self.win.out[1] // self.m)
+
+    @property
+    def t(self) -> int:
+        return self.tiles[0] * self.tiles[1]
+
+    @property
+    def pad_window(self) -> Window:
+        """The window whose padded copy covers every tile's α×α patch (``TH·m + 2`` rows)."""
+        th, tw = self.tiles
+        w = self.win
+        return Window(w.size, w.kernel, w.strides, w.dilations, w.pads_begin, w.pads_end, (th * self.m, tw * self.m))
+
+    @property
+    def xpad(self) -> TensorType:
+        return TensorType(self.pad_window.padded_shape((self.batch, self.c)))
+
+    @property
+    def sizes(self) -> dict[str, int]:
+        from polyml.kernels.matmul import batched_temps
+
+        a2, (th, tw) = self.alpha ** 2, self.tiles
+        gemm = batched_temps(a2, self.k, self.t, self.c)
+        return {"xpad": self.xpad.size, "v": a2 * self.c * self.t, "m": a2 * self.k * self.t,
+                "ypad": self.k * th * self.m * tw * self.m, "gemm": gemm[0].size if gemm else 0}
+
+    @property
+    def scratch(self) -> TensorType:
+        return TensorType((sum(self.sizes.values()),))
+
+
+def _forced() -> int | None:
+    v = os.environ.get("POLYML_WINOGRAD", "")
+    if not v:
+        return None
+    if v not in ("0", "2", "4"):
+        raise PolymlError(f"POLYML_WINOGRAD={v!r}: expected 0 (off), 2 (F(2x2,3x3)) or 4 (F(4x4,3x3))")
+    return int(v)
+
+
+def choose_tile(c: int, k: int, out: tuple[int, int]) -> int:
+    """The output tile ``m`` (2 or 4) for a C→K 3×3/1 convolution with this output, 0: no
+    Winograd.  Rule from the per-layer table in docs/PERFORMANCE.md (issue 14; 2 threads,
+    Winograd / packed GEMM): maps of 28 and more with 32+ channels gain most from F(4×4)
+    (0.16-0.69; 256->256 @56 0.39, 512->512 @28 0.40), 14×14 maps with 128+ channels from F(2×2)
+    (256->256 0.48, 512->512 0.34; F(4×4) 0.9: its 16 tiles fill half a register tile of
+    columns), while 7×7 maps (1.0-4x slower: 16 or 4 tiles), 13×13 maps with few input channels and
+    16-channel inputs (the products are too thin to amortize the transforms) keep the GEMM."""
+    forced = _forced()
+    if forced is not None:
+        return forced
+    if c >= 32 and k >= 32 and min(out) >= 24:
+        return 4
+    if c >= 128 and k >= 128 and min(out) >= 14:
+        return 2
+    return 0
+
+
+def winograd_plan(node: Node, x: TensorType, w: TensorType, win: Window) -> WinogradPlan | None:
+    """The plan when this Conv runs as Winograd: 3×3, stride 1, dilation 1, one group, two
+    spatial dims, a host build with the packed GEMM and ``conv=auto``, and :func:`choose_tile`
+    picks a tile; else None.  (Only called for constant weights.)"""
+    if (win.rank != 2 or win.kernel != (3, 3) or win.strides != (1, 1) or win.dilations != (1, 1)
+            or int(node.attrs.get("group", 1)) != 1):
+        return None
+    if not packed.enabled() or packed.conv_choice() != "auto":
+        return None
+    m = choose_tile(x.shape[1], w.shape[0], win.out)
+    if not m:
+        return None
+    plan = WinogradPlan(m, win, x.shape[0], x.shape[1], w.shape[0])
+    from polyml.kernels.matmul import batched_plan
+
+    return plan if batched_plan(plan.alpha ** 2, plan.k, plan.t, plan.c) is not None else None
+
+
+def transform_weights(w: np.ndarray, plan: WinogradPlan) -> np.ndarray:
+    """``U[ξν] = (G g Gᵀ)[ξ][ν]`` as α² K×C matrices, each pre-packed for the GEMM, concatenated."""
+    _, g_mat, _ = MATRICES[plan.m]
+    g = np.array(g_mat, np.float64)
+    u = np.einsum("xi,kcij,yj->xykc", g, w.astype(np.float64), g)  # α, α, K, C
+    blk = packed.blocking_for_host()
+    return np.concatenate([packed.prepack_a(u[i, j].astype(np.float32), blk) for i in range(plan.alpha)
+                           for j in range(plan.alpha)])
+
+
+def packed_weight_floats(plan: WinogradPlan) -> int:
+    """Floats of one pre-packed U[ξν] (rows padded to the register tile)."""
+    mr = packed.blocking_for_host().mr
+    return -(-plan.k // mr) * mr * plan.c
+
+
+def _combine(b: ir.IRBuilder, coeffs: list[Fraction], vals: list[ir.Value]) -> ir.Value:
+    """``Σ coeffs[i]·vals[i]`` with the zero terms dropped and ±1 as plain adds."""
+    acc = None
+    for cf, v in zip(coeffs, vals):
+        if cf == 0:
+            continue
+        if abs(cf) == 1:
+            term, neg = v, cf < 0
+        else:
+            term, neg = b.fmul(v, ir.Constant(F32, float(abs(cf)))), cf < 0
+        if acc is None:
+            acc = b.fneg(term) if neg else term
+        else:
+            acc = b.fsub(acc, term) if neg else b.fadd(acc, term)
+    return acc if acc is not None else ir.Constant(F32, 0.0)
+
+
+def _sandwich(b: ir.IRBuilder, left: list[list[Fraction]], tile: list[list[ir.Value]]) -> list[list[ir.Value]]:
+    """``L · tile · Lᵀ`` with constant ``L`` (rows × n), ``tile`` n × n of IR values."""
+    n = len(tile)
+    half = [[_combine(b, row, [tile[i][j] for i in range(n)]) for j in range(n)] for row in left]
+    return [[_combine(b, row, hrow) for row in left] for hrow in half]
+
+
+def convolve_winograd(k: KernelBuilder, plan: WinogradPlan, scratch: Buffer) -> bool:
+    """Emit the four stages (module docstring) into ``k``; True: the fused chain was applied."""
+    from polyml.kernels.matmul import batched_product
+
+    x, y = k.inputs[0], k.outputs[0]
+    bias = k.inputs[2] if len(k.inputs) > 2 else None
+    u = k.constants[0]
+    bt, _, at = MATRICES[plan.m]
+    a, m, (th, tw), t = plan.alpha, plan.m, plan.tiles, plan.t
+    sizes = plan.sizes
+    base = k.b.bitcast(scratch.ptr, F32.as_pointer())
+    offsets, at_ = {}, 0
+    for name, size in sizes.items():
+        offsets[name] = at_
+        at_ += size
+
+    def region(name: str, shape: tuple[int, ...]) -> Buffer:
+        tt = TensorType(shape)
+        ptr = k.b.bitcast(k.b.gep(base, [ir.Constant(ir.IntType(64), offsets[name])], inbounds=True), pointer_type(tt))
+        return Buffer(k, ptr, tt, f"wino_{name}")
+
+    xpad = region("xpad", plan.xpad.shape)
+    v = region("v", (a * a, plan.c, t))
+    mm = region("m", (a * a, plan.k, t))
+    ypad = region("ypad", (plan.k, th * m, tw * m))
+    work = region("gemm", (max(sizes["gemm"], 1),))
+    src, _ = padded_source(k, x, plan.pad_window, xpad, 0.0)
+    for n in range(plan.batch):
+        # V[ξν][c][t] = (Bᵀ d B)[ξ][ν], d = xpad[n, c, ti·m + i, tj·m + j]
+        with nest(k, [plan.c, th, tw], names=["wc", "wti", "wtj"], parallel=1) as (c, ti, tj):
+            d = [[src.load([n, c, affine(k, [(m, ti)], i), affine(k, [(m, tj)], j)]) for j in range(a)] for i in range(a)]
+            tv = _sandwich(k.b, bt, d)
+            tix = affine(k, [(tw, ti), (1, tj)])
+            for i in range(a):
+                for j in range(a):
+                    v.store([i * a + j, c, tix], tv[i][j])
+        # M[ξν] = U[ξν] · V[ξν], α² products on the packed GEMM
+        spec = packed.GemmSpec(plan.k, t, plan.c, packed.matrix_loader(0, plan.c), packed.matrix_loader(1, t), 2,
+                               prepacked_a=True)
+        batched_product(k, spec, [u, v], mm, work, (a * a,),
+                        [[packed_weight_floats(plan)], [plan.c * t], [plan.k * t]])
+        # Ypad[k][ti·m + p][tj·m + q] = (Aᵀ M A)[p][q]
+        with nest(k, [plan.k, th, tw], names=["wk", "wyi", "wyj"], parallel=1) as (ko, ti, tj):
+            tix = affine(k, [(tw, ti), (1, tj)])
+            tile = [[mm.load([i * a + j, ko, tix]) for j in range(a)] for i in range(a)]
+            out = _sandwich(k.b, at, tile)
+            for p in range(m):
+                for q in range(m):
+                    ypad.store([ko, affine(k, [(m, ti)], p), affine(k, [(m, tj)], q)], out[p][q])
+        # y = chain(Ypad + b), cropped to the output
+        chain = k.node.attrs.get("epilogue")
+        extras = {buf.name: buf for buf in k.inputs[k.node.attrs["epilogue_start"]:] if buf is not None} if chain else {}
+        with nest(k, [1, plan.k, *plan.win.out], names=["yn", "yk", "yh", "yw"], parallel=2) as ix:
+            val = ypad.load(ix[1:])
+            if bias is not None:
+                val = k.b.fadd(val, bias.load([ix[1]]))
+            if chain:
+                val = evaluate_chain(k, chain, {k.node.attrs["epilogue_acc"]: val}, extras, [n, *ix[1:]])
+            y.store([n, *ix[1:]], val)
+    return bool(k.node.attrs.get("epilogue"))
+
+
+__all__ = ["MATRICES", "WinogradPlan", "convolve_winograd", "transform_weights", "winograd_plan"]

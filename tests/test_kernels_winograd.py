@@ -1,0 +1,132 @@
+"""Winograd F(2x2,3x3) and F(4x4,3x3) (kernels/winograd.py) against onnxruntime on seeded data:
+odd and tiny maps (tiles crossing the border, fewer tiles than a register tile), asymmetric,
+SAME and no padding, channels not a multiple of the vector width or the register tile, batch 2,
+no bias, fused activation and residual add; per-layer-shape error bounds of both tile sizes at
+real CNN shapes; the transform matrices against the direct 3x3 correlation; which convolutions
+take the path."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper
+
+from polyml.graph import Node, TensorType
+from polyml.testing import compile_and_compare
+
+#: max|Δ|/max|ref| against onnxruntime per tile size (F(4x4)'s transforms round more)
+TOL = {"2": 1e-5, "4": 1e-4}
+
+
+def _model(xs, k, attrs, bias=True, chain="", seed=0) -> onnx.ModelProto:
+    rng = np.random.default_rng(seed)
+    c = xs[1]
+    w = (rng.standard_normal((k, c, 3, 3)) / np.sqrt(9 * c)).astype(np.float32)
+    inits = [helper.make_tensor("w", TensorProto.FLOAT, w.shape, w.ravel())]
+    ins = ["x", "w"]
+    if bias:
+        inits.append(helper.make_tensor("b", TensorProto.FLOAT, [k], rng.standard_normal(k).astype(np.float32)))
+        ins.append("b")
+    inputs = [helper.make_tensor_value_info("x", TensorProto.FLOAT, list(xs))]
+    nodes = [helper.make_node("Conv", ins, ["c" if chain else "y"], kernel_shape=[3, 3], **attrs)]
+    if chain == "relu":
+        nodes.append(helper.make_node("Relu", ["c"], ["y"]))
+    elif chain == "residual":
+        nodes += [helper.make_node("Add", ["c", "z"], ["r"]), helper.make_node("Relu", ["r"], ["y"])]
+        model = helper.make_model(helper.make_graph(nodes, "w", inputs, [helper.make_empty_tensor_value_info("y")], inits),
+                                  opset_imports=[helper.make_opsetid("", 17)])
+        cshape = next(v for v in onnx.shape_inference.infer_shapes(model).graph.value_info if v.name == "c")
+        inputs.append(helper.make_tensor_value_info("z", TensorProto.FLOAT, [d.dim_value for d in cshape.type.tensor_type.shape.dim]))
+    graph = helper.make_graph(nodes, "w", inputs, [helper.make_empty_tensor_value_info("y")], inits)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def _run(model, tile, tmp_path, monkeypatch, threads=2) -> float:
+    monkeypatch.setenv("POLYML_WINOGRAD", tile)
+    errs = compile_and_compare(model, output_dir=tmp_path / "b", cache=False, threads=threads)
+    details = [f.get("detail", "") for f in json.loads((tmp_path / "b" / "manifest.json").read_text())["functions"]]
+    assert any(d.endswith("winograd") for d in details), details
+    return max(errs.values())
+
+
+EDGES = [
+    ((1, 19, 13, 11), 37, {"pads": [1, 1, 1, 1]}, True, "relu"),
+    ((1, 16, 9, 10), 24, {"pads": [0, 1, 2, 0]}, False, ""),
+    ((2, 20, 7, 6), 32, {"auto_pad": "SAME_UPPER"}, True, "relu"),
+    ((1, 24, 10, 9), 13, {}, True, ""),
+    ((1, 33, 5, 5), 40, {"pads": [1, 1, 1, 1]}, True, "residual"),
+    ((1, 40, 3, 3), 48, {"pads": [1, 1, 1, 1]}, True, "relu"),
+]
+
+
+@pytest.mark.parametrize("tile", ["2", "4"])
+@pytest.mark.parametrize("xs,k,attrs,bias,chain", EDGES)
+def test_winograd_edge_shapes(xs, k, attrs, bias, chain, tile, tmp_path, monkeypatch) -> None:
+    err = _run(_model(xs, k, attrs, bias, chain), tile, tmp_path, monkeypatch)
+    assert err <= TOL[tile], err
+
+
+@pytest.mark.parametrize("tile,shape", [("4", (1, 256, 56, 56)), ("4", (1, 512, 28, 28)), ("2", (1, 512, 14, 14)),
+                                        ("4", (1, 64, 112, 112))])
+def test_winograd_layer_error_bound(tile, shape, tmp_path, monkeypatch) -> None:
+    """The tile sizes :func:`choose_tile` picks stay within max|Δ|/max|ref| ≤ 1e-4 at the CNN
+    layer shapes they are chosen for (the widest reductions: the error grows with C)."""
+    err = _run(_model(shape, shape[1], {"pads": [1, 1, 1, 1]}, True, "relu"), tile, tmp_path, monkeypatch, threads=2)
+    assert err <= 1e-4, err
+
+
+def test_winograd_one_thread(tmp_path, monkeypatch) -> None:
+    err = _run(_model((1, 32, 30, 30), 48, {"pads": [1, 1, 1, 1]}, True, "relu"), "4", tmp_path, monkeypatch, threads=1)
+    assert err <= 1e-4, err
+
+
+@pytest.mark.parametrize("m", [2, 4])
+def test_transforms_compute_the_correlation(m) -> None:
+    from polyml.kernels.winograd import MATRICES
+
+    bt, g, at = (np.array(v, np.float64) for v in MATRICES[m])
+    rng = np.random.default_rng(m)
+    d, w = rng.standard_normal((m + 2, m + 2)), rng.standard_normal((3, 3))
+    ref = np.array([[np.sum(d[i:i + 3, j:j + 3] * w) for j in range(m)] for i in range(m)])
+    np.testing.assert_allclose(at @ ((g @ w @ g.T) * (bt @ d @ bt.T)) @ at.T, ref, atol=1e-12)
+
+
+def test_winograd_choice(monkeypatch) -> None:
+    """3x3/1 one-group convolutions with constant weights take the path by shape (F(4x4) on big
+    maps, F(2x2) on 14x14 with wide channels, neither on 7x7); strided, dilated, grouped,
+    computed-weight and conv=gemm/direct builds keep the GEMM or nests."""
+    from polyml.kernels.conv import _plan
+
+    from polyml.codegen import gemm as packed
+
+    monkeypatch.delenv("POLYML_WINOGRAD", raising=False)
+
+    def mode(c, h, k, conv="auto", constant=True, **attrs):
+        node = Node("c", "Conv", ["x", "w"], ["y"], {"pads": [1, 1, 1, 1], **attrs})
+        with packed.packed_gemm(True, conv):
+            plan = _plan(node, TensorType((1, c, h, h)), TensorType((k, c // attrs.get("group", 1), 3, 3)), constant)
+        if plan.mode != "winograd":
+            return plan.mode
+        from polyml.kernels.winograd import winograd_plan
+
+        with packed.packed_gemm(True, conv):
+            return f"F{winograd_plan(node, TensorType((1, c, h, h)), TensorType((k, c, 3, 3)), plan.win).m}"
+
+    assert mode(64, 56, 64) == "F4"
+    assert mode(256, 14, 256) == "F2"
+    assert mode(512, 7, 512) == "gemm"
+    assert mode(16, 55, 64) == "gemm"
+    assert mode(64, 56, 64, constant=False) == "gemm"
+    assert mode(64, 56, 64, conv="gemm") == "gemm"
+    assert mode(64, 56, 64, conv="direct") != "winograd"
+    assert mode(64, 56, 64, strides=[2, 2]) == "gemm"
+    assert mode(64, 56, 64, dilations=[2, 2], pads=[2, 2, 2, 2]) == "gemm"
+    assert mode(64, 56, 64, group=2) != "winograd"
+    monkeypatch.setenv("POLYML_WINOGRAD", "x")
+    from polyml.errors import PolymlError
+
+    with pytest.raises(PolymlError, match="POLYML_WINOGRAD"):
+        mode(64, 56, 64)
