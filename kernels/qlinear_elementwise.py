@@ -11,6 +11,7 @@ element (LLVM hoists the loads), so they may be computed.  The arithmetic is onn
   broadcasting); the spec-like ``Q(DQ(a) + DQ(b))`` divides by ``C_s`` after the sum, which
   differs at rounding ties;
 * QLinearMul: ``c = sat(rint((a - A_zp)(b - B_zp) · (A_s B_s / C_s)) + C_zp)``;
+  both clamp to ``polyml_clip = [lo, hi]`` when the QDQ pass folded a Relu/Clip into them;
 * QLinearGlobalAveragePool (NCHW, or NHWC with ``channels_last=1``): the int32 sum of the
   window minus ``N·x_zp``, times ``x_s / (y_s · N)``, rounded, plus ``y_zp``;
 * QLinearConcat: each input requantized as onnxruntime's lookup table does,
@@ -87,12 +88,13 @@ class _Binary(Kernel):
 
     def lower(self, k: KernelBuilder) -> None:
         a, b_, y = k.inputs[0], k.inputs[3], k.outputs[0]
+        clip = k.attr("polyml_clip") or (None, None)  # a fused Relu/Clip (polyml.passes.quantize)
         with k.loops(y.shape, parallel=outer_parallel_dims(y.shape)) as ix:
             params = [_scalar(k, _get(k, i), 1.0 if i in (1, 4, 6) else 0.0) for i in (1, 2, 4, 5, 6, 7)]
             av = k.b.fsub(quant.to_float(k.b, a.load(a.broadcast_index(ix)), a.type.dtype), params[1])
             bv = k.b.fsub(quant.to_float(k.b, b_.load(b_.broadcast_index(ix)), b_.type.dtype), params[3])
             v = self.combine(k, av, bv, params)
-            y.store(ix, quant.saturate(k.b, quant.rint(k.b, v), y.type.dtype))
+            y.store(ix, quant.saturate(k.b, quant.rint(k.b, v), y.type.dtype, *clip))
 
 
 @register

@@ -10,7 +10,7 @@ value on the quantized tensors, so the float values in between are never materia
 * ``DQ(a), DQ(b) → MatMul [→ Relu/Clip] → Q`` ⇒ ``QLinearMatMul``; a ``Gemm`` (``transA=0``,
   ``alpha=beta=1``) likewise, with its constant ``B`` transposed at compile time when
   ``transB=1`` and its bias ``C`` as a 9th int32 input (polyml's extension of QLinearMatMul);
-* ``DQ, DQ → Add/Mul → Q`` ⇒ ``com.microsoft.QLinearAdd/QLinearMul``; ``DQ →
+* ``DQ, DQ → Add/Sum/Mul [→ Relu/Clip] → Q`` ⇒ ``com.microsoft.QLinearAdd/QLinearMul``; ``DQ →
   GlobalAveragePool → Q`` ⇒ ``com.microsoft.QLinearGlobalAveragePool``; ``DQ... → Concat → Q``
   ⇒ ``com.microsoft.QLinearConcat``;
 * ``DQ → MaxPool/Reshape/Flatten/Transpose/Squeeze/Unsqueeze → Q`` with the same scale and zero
@@ -231,10 +231,10 @@ class _Rewriter:
         out_dtype = self.g.types[q.outputs[0]].dtype
         if op.op_type in ("Conv", "MatMul", "Gemm"):
             self._product(op, act, q, y, out_dtype)
+        elif op.op_type in ("Add", "Mul") or (op.op_type == "Sum" and len(op.inputs) == 2):
+            self._binary(op, act, q, y)
         elif act is not None:
             return
-        elif op.op_type in ("Add", "Mul"):
-            self._binary(op, q, y)
         elif op.op_type == "GlobalAveragePool":
             self._unary(op, q, y, MS + "QLinearGlobalAveragePool")
         elif op.op_type == "Concat":
@@ -314,16 +314,21 @@ class _Rewriter:
         out = np.rint(np.broadcast_to(value, (channels,)) / acc_scale)
         return np.clip(out, np.iinfo(np.int32).min, np.iinfo(np.int32).max).astype(np.int32)
 
-    def _binary(self, op: Node, q: Node, y: _DQ) -> None:
-        a, b = self.dq(op.inputs[0]), self.dq(op.inputs[1]) if len(op.inputs) > 1 else None
+    def _binary(self, op: Node, act: Node | None, q: Node, y: _DQ) -> None:
+        a, b = self.dq(op.inputs[0]), self.dq(op.inputs[1])
         if a is None or b is None or not a.per_tensor or not b.per_tensor:
             return
         dtype = self.g.types[q.outputs[0]].dtype
         if self.g.types[a.x].dtype != dtype or self.g.types[b.x].dtype != dtype:
             return
         inputs = [a.x, a.scale_name, self.zp_name(a, dtype), b.x, b.scale_name, self.zp_name(b, dtype), y.scale_name, self.zp_name(y, dtype)]
-        new = Node(f"{op.name}.int8", MS + "QLinear" + op.op_type, inputs, list(q.outputs), {}, source=op.source or op.name, opset=op.opset)
-        self.replace(new, [op, q], [op, q])
+        clip = self.clip_range(act, y, dtype)
+        attrs = {"polyml_clip": clip} if clip is not None else {}
+        kind = "Mul" if op.op_type == "Mul" else "Add"
+        new = Node(f"{op.name}.int8", MS + "QLinear" + kind, inputs, list(q.outputs), attrs, source=op.source or op.name,
+                   opset=op.opset)
+        removed = [op, *([act] if act else []), q]
+        self.replace(new, removed, removed)
 
     def _unary(self, op: Node, q: Node, y: _DQ, new_op: str) -> None:
         x = self.dq(op.inputs[0])
