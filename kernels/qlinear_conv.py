@@ -25,6 +25,7 @@ Two lowerings, exact alike (int32 arithmetic):
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import ClassVar
 
 import llvmlite.ir as ir
@@ -63,6 +64,72 @@ def _view(k: KernelBuilder, buf: Buffer, shape: tuple[int, ...]) -> Buffer:
     tt = TensorType(tuple(int(d) for d in shape), buf.type.dtype)
     assert tt.size == buf.type.size, (shape, buf.shape)
     return Buffer(k, k.b.bitcast(buf.ptr, pointer_type(tt)), tt, buf.name)
+
+
+@dataclass(frozen=True)
+class _Flat:
+    """A 2-D convolution's input as the GEMM reads it: padded with the zero point and split
+    into ``sh × sw`` phases, ``xq[c][a][b][r][q] = xpad[c][r·sh + a][q·sw + b]`` (``Hq × Wq``
+    planes), so that tap ``(kh, kw)`` of output ``(oh, ow)`` is ``xq[c][φ][oh + δh][ow + δw]``
+    with ``φ = (kh·dh mod sh, kw·dw mod sw)``, ``δ = (kh·dh div sh, kw·dw div sw)``: a
+    constant offset from ``oh·Wq + ow``.  Read flat, each row of the product (a channel and
+    tap) is one contiguous run over the output positions on the plane's pitch ``Wq``:
+    ``N' = (OH-1)·Wq + OW`` columns, of which those with ``ow ≥ OW`` are junk the epilogue
+    skips (a few % at 56x56, 24 % at 7x7 with a 3x3 kernel).  Unstrided and unpadded, ``x``
+    itself is read so (``copy`` False)."""
+
+    strides: tuple[int, int]
+    rows: int
+    pitch: int
+    columns: int
+    copy: bool
+    pads: tuple[int, int]
+    dilations: tuple[int, int]
+    size: tuple[int, int]
+    kernel: tuple[int, int]
+    #: bytes past the last plane that a full panel's vector loads may touch: none (N' stops
+    #: at the last output), kept as a guard
+    SLACK = 64
+
+    @staticmethod
+    def of(win: Window) -> _Flat:
+        (sh, sw), (hp, wp) = win.strides, win.required
+        copy = win.needs_copy() or sh > 1 or sw > 1
+        rows, pitch = (-(-hp // sh), -(-wp // sw)) if copy else win.size
+        return _Flat((sh, sw), rows, pitch, (win.out[0] - 1) * pitch + win.out[1], copy, win.pads_begin, win.dilations,
+                     win.size, win.kernel)
+
+    @property
+    def plane_set(self) -> int:
+        """Elements of one channel's phase planes."""
+        return self.strides[0] * self.strides[1] * self.rows * self.pitch
+
+    def tap_offsets(self, win: Window) -> list[int]:
+        """Per tap ``(kh, kw)``: its element offset within a channel's phase planes."""
+        (sh, sw), (dh, dw) = self.strides, self.dilations
+        out = []
+        for kh in range(self.kernel[0]):
+            for kw in range(self.kernel[1]):
+                a, b = (kh * dh) % sh, (kw * dw) % sw
+                out.append(((a * sw + b) * self.rows + (kh * dh) // sh) * self.pitch + (kw * dw) // sw)
+        return out
+
+    def fill(self, k: KernelBuilder, x: Buffer, xq: Buffer, zx: ir.Value | None, zx_buf: Buffer | None) -> None:
+        """``xq`` = the zero point everywhere, then the input copied into its phase planes."""
+        n_, c_all, h, w = x.shape
+        (sh, sw), (pt, pl) = self.strides, self.pads
+        with k.loop(0, xq.shape[0], "zfill") as i:
+            xq.store([i], zx if zx is not None else zx_buf.load([0]))
+        with nest(k, [n_, c_all, h, w], names=["qn", "qc", "qh", "qw"], parallel=copy_parallel([n_, c_all, h, w])) as ix:
+            b = k.b
+            n, c, ih, iw = (k.i64(v) for v in ix)
+            r, q = b.add(ih, k.i64(pt)), b.add(iw, k.i64(pl))
+            a, bb = (b.urem(r, k.i64(sh)), b.urem(q, k.i64(sw))) if sh > 1 or sw > 1 else (k.i64(0), k.i64(0))
+            r, q = (b.udiv(r, k.i64(sh)) if sh > 1 else r), (b.udiv(q, k.i64(sw)) if sw > 1 else q)
+            plane = b.add(b.mul(b.add(b.mul(a, k.i64(sw)), bb), k.i64(self.rows)), r)
+            at = b.add(b.add(b.mul(b.add(b.mul(n, k.i64(c_all)), c), k.i64(self.plane_set)),
+                             b.mul(plane, k.i64(self.pitch))), q)
+            xq.store([at], x.load([n, c, ih, iw]))
 
 
 class _IntegerConv(Kernel):
@@ -131,10 +198,10 @@ class _IntegerConv(Kernel):
         return x.shape[0] * w.shape[0] * math.prod(win.out) * kk >= GEMM_MIN_MACS
 
     def _gemm_dims(self, node: Node, ins: list[Operand | None]) -> tuple[int, int, int, int, int]:
-        """(units = N·groups, Mg, P, K, groups)."""
+        """(units = N·groups, Mg, N' = the flat columns, K, groups)."""
         win, group = self.geometry(node, ins)
         x, w = ins[self.X].type, ins[self.W].type
-        return x.shape[0] * group, w.shape[0] // group, math.prod(win.out), math.prod(w.shape[1:]), group
+        return x.shape[0] * group, w.shape[0] // group, _Flat.of(win).columns, math.prod(w.shape[1:]), group
 
     # -- hooks ------------------------------------------------------------------------------
     def policy(self, node: Node, ins: list[Operand | None]) -> str:
@@ -153,6 +220,13 @@ class _IntegerConv(Kernel):
             units, mg, p, kk, _ = self._gemm_dims(node, ins)
             t = [TensorType((units * mg, p), "int32"),
                  TensorType((-(-igemm.scratch_size(units, mg, p, kk) // 4),), "int32")]
+            win = self.geometry(node, ins)[0]
+            flat = _Flat.of(win)
+            if flat.copy:
+                x = ins[self.X].type
+                t.append(TensorType((x.shape[0] * x.shape[1] * flat.plane_set + flat.SLACK,), x.dtype))
+            if flat.pitch != win.out[-1]:  # the output on the plane pitch, then cropped
+                t.append(TensorType((units * mg * p,), outs[0].dtype))
             if not self.corrections(node, ins, igemm.blocking_for_host()).constant_rb:
                 t.append(TensorType((ins[self.W].type.shape[0],), "int32"))
             return t
@@ -194,65 +268,76 @@ class _IntegerConv(Kernel):
             self._direct(k, ins)
 
     def _gemm(self, k: KernelBuilder, ins: list[Operand | None]) -> None:
+        """Per batch index and group: ``w[g] · X`` with X the phase-split padded input read
+        flat (:class:`_Flat`), packed by :func:`polyml.codegen.igemm.rows_packer`."""
         blk = igemm.blocking_for_host()
         win, group = self.geometry(k.node, ins)
-        units, mg, p, kk, _ = self._gemm_dims(k.node, ins)
+        flat = _Flat.of(win)
+        units, mg, ncols, kk, _ = self._gemm_dims(k.node, ins)
         cor = self.corrections(k.node, ins, blk)
         rq = self.requant(k.node, ins, group * mg)
         x, y = k.inputs[self.X], k.outputs[0]
         n_, c_all = x.shape[:2]
         cg, m_all = c_all // group, group * mg
-        hw = math.prod(win.size)
+        p_out = math.prod(win.out)
         consts = iter(k.constants)
         w_packed = next(consts)
         mult = next(consts) if rq is not None else None
-        c_temp, scratch = k.temps[0], k.temps[1]
+        temps = iter(k.temps)
+        c_temp, scratch = next(temps), next(temps)
+        zx_buf = None if cor.zx.known else _view(k, k.inputs[self.ZX], (1,))
+        if flat.copy:
+            xq = next(temps)
+            flat.fill(k, x, xq, ir.Constant(I8, cor.zx.at(0) & 0xFF) if zx_buf is None else None, zx_buf)
+            plane_set = flat.plane_set
+        else:
+            xq = x
+            plane_set = math.prod(win.size)
+        cropped = flat.pitch != win.out[-1]
+        y_flat = next(temps) if cropped else y
+        p_y = ncols if cropped else p_out  # y_flat's columns per channel
         if cor.constant_rb:
             rb = next(consts)
         else:
-            rb = k.temps[2]
-            zx_buf = k.inputs[self.ZX]
-            emit_rb(k, cor, rb, None, zx_buf)
-        zx_known = cor.zx.known
-        operands: list[Buffer] = [w_packed, x, y, rb]
-        strides = [[0, igemm.prepacked_size(mg, kk, blk) // blk.group], [c_all * hw, cg * hw], [m_all * p, mg * p],
-                   [0, mg]]
+            rb = next(temps)
+            emit_rb(k, cor, rb, None, k.inputs[self.ZX])
+        operands: list[Buffer] = [w_packed, xq, y_flat, rb]
+        strides = [[0, igemm.prepacked_size(mg, kk, blk) // blk.group], [c_all * plane_set, cg * plane_set],
+                   [m_all * p_y, mg * p_y], [0, mg]]
+        mult_at = None
         if mult is not None:
+            mult_at = len(operands)
             operands.append(mult)
             strides.append([0, mg])
-        zx_at = None
-        if not zx_known:
-            zx_at = len(operands)
-            operands.append(k.inputs[self.ZX])
-            strides.append([0, 0])
-        strides.append([m_all * p, mg * p])  # C
+        strides.append([m_all * ncols, mg * ncols])  # C
         out_bytes = 4 if rq is None else 1
         x_signed = ins[self.X].type.dtype == "int8"
+        taps = math.prod(win.kernel)
+        tap_table = Tables(k.module, k.fn.name).i32(np.array(flat.tap_offsets(win), np.int64), "taps")
 
-        def pad_value(b: ir.IRBuilder, ops) -> ir.Value:  # noqa: ANN001
-            if zx_at is None:
-                return ir.Constant(I8, cor.zx.at(0) & 0xFF)
-            return b.load(ops[zx_at])
+        def row_ptr(b: ir.IRBuilder, ops, p: ir.Value) -> ir.Value:  # noqa: ANN001
+            c, t = b.udiv(p, ir.Constant(I64, taps)), b.urem(p, ir.Constant(I64, taps))
+            off = b.sext(Tables.load(b, tap_table, t), I64)
+            return b.gep(ops[1], [b.add(b.mul(c, ir.Constant(I64, plane_set)), off)], inbounds=True)
 
-        if all(e == 1 for e in win.kernel) and all(s == 1 for s in win.strides) and not win.needs_copy():
-            load_x, pack_x = igemm.matrix_loader(1, p), None
-        else:
-            load_x = None
-            pack_x = igemm.im2col_packer(1, cg, win.size, win.kernel, win.out[-1], p, win.strides, win.dilations,
-                                         win.pads_begin, blk, x_signed, pad_value)
-        mult_at = 4 if mult is not None else None
+        pack_x = igemm.rows_packer(row_ptr, kk, ncols, blk, x_signed)
 
         def epilogue(b: ir.IRBuilder, ops, i: ir.Value, j: ir.Value, acc: ir.Value) -> None:  # noqa: ANN001
             v = b.add(acc, b.load(b.gep(b.bitcast(ops[3], I32.as_pointer()), [i])))
             m = None
             if mult_at is not None:
                 m = b.load(b.gep(b.bitcast(ops[mult_at], ir.FloatType().as_pointer()), [i]))
-            dst = b.gep(ops[2], [b.mul(b.add(b.mul(i, ir.Constant(I64, p)), j), ir.Constant(I64, out_bytes))])
+            dst = b.gep(ops[2], [b.mul(b.add(b.mul(i, ir.Constant(I64, p_y)), j), ir.Constant(I64, out_bytes))])
             store_output(b, v, dst, m, rq)
 
-        spec = igemm.IGemmSpec(mg, p, kk, None, load_x, len(operands), ins[self.W].type.dtype == "int8", x_signed,
+        spec = igemm.IGemmSpec(mg, ncols, kk, None, None, len(operands), ins[self.W].type.dtype == "int8", x_signed,
                                epilogue, pack_x=pack_x, prepacked_w=True)
         igemm.emit(k, spec, operands, c_temp, scratch, batch=(n_, group), strides=strides)
+        if cropped:  # y[n][m][oh][ow] = y_flat[n][m][oh·Wq + ow]: row copies
+            src = _view(k, y_flat, (n_ * m_all, ncols))
+            dst = _view(k, y, (n_ * m_all, *win.out))
+            with nest(k, [n_ * m_all, *win.out], names=["yc", "yh", "yw"], parallel=1) as (c, oh, ow):
+                dst.store([c, oh, ow], src.load([c, k.b.add(k.b.mul(k.i64(oh), k.i64(flat.pitch)), k.i64(ow))]))
 
     def _direct(self, k: KernelBuilder, ins: list[Operand | None]) -> None:
         """The padded copy (if needed), then per ``n, m`` and output row an int32 row accumulator."""

@@ -134,7 +134,7 @@ def host_iblocking(features: str, l1: int = 32 << 10, l2: int = 1 << 20, variant
 def blocking_for_host() -> IBlocking:
     """:func:`host_iblocking` for this machine; ``POLYML_IGEMM`` forces a micro-kernel for
     tests and experiments: ``vnni``, ``madd`` (same width as the host's), ``madd8`` (the AVX2
-    6 × 16 tile on 8 lanes), optionally followed by ``,kc=..,mc=..,nc=..``."""
+    6 × 16 tile on 8 lanes), optionally followed by ``,mr=..,nr=..,kc=..,mc=..,nc=..``."""
     from polyml.driver.flags import host_data_caches
     from polyml.driver.toolchain import host_target
 
@@ -156,14 +156,16 @@ def blocking_for_host() -> IBlocking:
     elif kind == "madd8":
         blk = host_iblocking("+avx2", l1, l2, "madd")
     elif kind:
-        raise PolymlError(f"POLYML_IGEMM={override!r}: expected vnni, madd or madd8, then optional kc=..,mc=..,nc=..")
+        raise PolymlError(f"POLYML_IGEMM={override!r}: expected vnni, madd or madd8, then optional mr=..,nr=..,kc=..")
     try:
         fields = {key.strip(): int(v) for key, v in (item.split("=") for item in rest if item)}
         blk = replace(blk, **fields)
     except (ValueError, TypeError) as e:
-        raise PolymlError(f"POLYML_IGEMM={override!r}: expected vnni|madd|madd8[,kc=..,mc=..,nc=..] ({e})") from None
-    if blk.kc % 4 or min(blk.kc, blk.mc, blk.nc) < 1 or blk.mc % blk.mr or blk.nc % blk.nr:
-        raise PolymlError(f"POLYML_IGEMM={override!r}: kc a positive multiple of 4, mc of mr ({blk.mr}), nc of nr ({blk.nr})")
+        raise PolymlError(f"POLYML_IGEMM={override!r}: expected vnni|madd|madd8[,mr=..,nr=..,kc=..,mc=..,nc=..] ({e})") from None
+    if blk.kc % 4 or min(blk.kc, blk.mc, blk.nc, blk.mr, blk.nr) < 1 or blk.nr % blk.width:
+        raise PolymlError(f"POLYML_IGEMM={override!r}: kc a positive multiple of 4, nr of the width ({blk.width}), "
+                          "every size positive")
+    blk = replace(blk, mc=_round_up(blk.mc, blk.mr), nc=_round_up(blk.nc, blk.nr))
     return blk
 
 
@@ -200,8 +202,16 @@ class IGemmSpec:
             raise ValueError("IGemmSpec: W needs a load_w unless it is pre-packed")
 
 
+def kc_for(k: int, blk: IBlocking) -> int:
+    """The reduction block for ``K``: the fewest blocks of at most ``blk.kc``, of equal size
+    (whole groups), so that no short last block costs a second pass over C for little work
+    (K = 576 with kc 512: two blocks of 288, not 512 + 64)."""
+    blocks = -(-k // blk.kc)
+    return _round_up(-(-k // max(blocks, 1)), blk.group)
+
+
 def block_kc(spec: IGemmSpec, blk: IBlocking) -> int:
-    return min(blk.kc, _round_up(spec.k, blk.group))
+    return kc_for(spec.k, blk)
 
 
 def scratch_bytes(spec: IGemmSpec, blk: IBlocking, m_part: int, n_part: int) -> int:
@@ -249,7 +259,7 @@ def pack_w_elements(w: np.ndarray, blk: IBlocking, signed: bool) -> np.ndarray:
     m, k = w.shape
     g, mr = blk.group, blk.mr
     mp = _round_up(m, mr)
-    kc = min(blk.kc, _round_up(k, g))
+    kc = kc_for(k, blk)
     conv = convert_np(w, blk, signed, "w")
     parts = []
     for pc in range(0, k, kc):
@@ -437,56 +447,63 @@ def matrix_loader(index: int, ld: int, transposed: bool = False) -> Loader:
     return load
 
 
-def im2col_packer(index: int, channels: int, size: tuple[int, int], kernel: tuple[int, int], out_width: int,
-                  columns: int, strides: tuple[int, int], dilations: tuple[int, int], pads: tuple[int, int], blk: IBlocking,
-                  signed: bool, pad_value: Callable[[ir.IRBuilder, Sequence[ir.Value]], ir.Value]) -> Packer:
-    """Packs one X panel of a 2-D convolution's im2col matrix straight from ``x[C][H][W]``
-    (8-bit, operand ``index``): row ``p = (c·KH + kh)·KW + kw``, column ``q = oh·OW + ow`` holds
-    ``x[c][oh·sh + kh·dh - ph][ow·sw + kw·dw - pw]``, and outside the input ``pad_value`` (the
-    input's zero point, so that padded products vanish after the zero-point correction).
+def _convert_vector(b: ir.IRBuilder, v: ir.Value, blk: IBlocking, signed: bool) -> ir.Value:
+    """:func:`_convert` of a vector of X elements (``<n x i8>``)."""
+    n = v.type.count
+    if blk.variant == "vnni":
+        return b.xor(v, ir.Constant(v.type, [0x80] * n)) if signed else v
+    wide = ir.VectorType(I16, n)
+    return b.sext(v, wide) if signed else b.zext(v, wide)
 
-    As :func:`polyml.codegen.gemm.im2col_packer`: a table of ``taps × nr`` source offsets and
-    in-bounds flags per panel, then per reduction position one run of ``nr`` converted
-    elements, stored at the group-interleaved positions ``[p/g][jj][p%g]``."""
-    (h, w), (kh_, kw_), (sh, sw), (dh, dw), (ph, pw) = size, kernel, strides, dilations, pads
-    taps = kh_ * kw_
-    nr, g = blk.nr, blk.group
+
+def rows_packer(row_ptr: Callable[[ir.IRBuilder, Sequence[ir.Value], ir.Value], ir.Value], k_total: int, columns: int,
+                blk: IBlocking, signed: bool) -> Packer:
+    """Packs X panels of a matrix whose rows are contiguous runs of bytes, ``X[p][j] =
+    row_ptr(p)[j]`` (a 1x1 convolution's input planes, a convolution's phase-split padded
+    input read flat): per group of ``g`` rows, ``g`` vector loads of ``nr`` bytes, converted
+    and interleaved by one shuffle into ``[jj][p%g]`` order, one store.  The last (partial)
+    panel goes element by element, reading its last column for columns past N."""
+    g, nr = blk.group, blk.nr
+    vec8 = ir.VectorType(I8, nr)
+    elem_vec = ir.VectorType(blk.elem, nr)
+    zero_vec = ir.Constant(elem_vec, [0] * nr)
+    mask = [e * nr + jj for jj in range(nr) for e in range(g)]
+
+    def interleave(b: ir.IRBuilder, vecs: list[ir.Value]) -> ir.Value:
+        if g == 2:
+            return b.shuffle_vector(vecs[0], vecs[1], ir.Constant(ir.VectorType(I32, 2 * nr), mask))
+        pair = ir.Constant(ir.VectorType(I32, 2 * nr), list(range(2 * nr)))
+        lo, hi = b.shuffle_vector(vecs[0], vecs[1], pair), b.shuffle_vector(vecs[2], vecs[3], pair)
+        return b.shuffle_vector(lo, hi, ir.Constant(ir.VectorType(I32, 4 * nr), mask))
 
     def pack(b: ir.IRBuilder, ops: Sequence[ir.Value], dst_panel: ir.Value, pc: ir.Value, kc: ir.Value,
              kcp: ir.Value, col0: ir.Value) -> None:
-        entry = ir.IRBuilder(b.function.entry_basic_block)
-        entry.position_at_start(b.function.entry_basic_block)
-        offsets = entry.alloca(ir.ArrayType(I32, taps * nr), name="im2col.off")
-        inside = entry.alloca(ir.ArrayType(I8, taps * nr), name="im2col.in")
-        with for_range(b, 0, nr, name="im2col.jj") as jj:
-            q = _min(b, b.add(col0, jj), _c(columns - 1))
-            ih0 = b.sub(b.mul(b.udiv(q, _c(out_width)), _c(sh)), _c(ph))
-            iw0 = b.sub(b.mul(b.urem(q, _c(out_width)), _c(sw)), _c(pw))
-            for ky in range(kh_):
-                ih = b.add(ih0, _c(ky * dh))
-                row_in = b.icmp_unsigned("<", ih, _c(h))
-                for kx in range(kw_):
-                    iw = b.add(iw0, _c(kx * dw))
-                    ok = b.and_(row_in, b.icmp_unsigned("<", iw, _c(w)))
-                    at = b.add(_c((ky * kw_ + kx) * nr), jj)
-                    off = b.select(ok, b.add(b.mul(ih, _c(w)), iw), _c(0))
-                    b.store(b.trunc(off, I32), b.gep(offsets, [_c(0), at], inbounds=True))
-                    b.store(b.zext(ok, I8), b.gep(inside, [_c(0), at], inbounds=True))
-        pad = _convert(b, pad_value(b, ops), blk, signed, "x")
-        zero = ir.Constant(blk.elem, 0)
-        with for_range(b, 0, kcp, name="im2col.p") as p:
-            kp = _min(b, b.add(pc, p), _c(channels * taps - 1))
-            c, t = b.udiv(kp, _c(taps)), b.urem(kp, _c(taps))
-            live = b.icmp_signed("<", p, kc)
-            plane = b.gep(ops[index], [b.mul(c, _c(h * w))], inbounds=True)
-            row = b.gep(dst_panel, [b.add(b.mul(b.udiv(p, _c(g)), _c(nr * g)), b.urem(p, _c(g)))], inbounds=True)
-            with for_range(b, 0, nr, name="im2col.col") as jj:
-                at = b.add(b.mul(t, _c(nr)), jj)
-                off = b.sext(b.load(b.gep(offsets, [_c(0), at], inbounds=True)), I64)
-                ok = b.trunc(b.load(b.gep(inside, [_c(0), at], inbounds=True)), ir.IntType(1))
-                v = _convert(b, b.load(b.gep(plane, [off], inbounds=True)), blk, signed, "x")
-                v = b.select(live, b.select(ok, v, pad), zero)
-                b.store(v, b.gep(row, [b.mul(jj, _c(g))], inbounds=True))
+        whole = b.icmp_signed("<=", b.add(col0, _c(nr)), _c(columns))
+        with b.if_else(whole) as (then, otherwise):
+            with then:
+                with for_range(b, 0, kcp, step=g, name="rows.q") as p0:
+                    vecs = []
+                    for e in range(g):
+                        p = b.add(p0, _c(e))
+                        row = _min(b, b.add(pc, p), _c(k_total - 1))
+                        src = b.bitcast(b.gep(row_ptr(b, ops, row), [col0], inbounds=True), vec8.as_pointer())
+                        v = _convert_vector(b, b.load(src, align=1), blk, signed)
+                        vecs.append(b.select(b.icmp_signed("<", p, kc), v, zero_vec))
+                    dst = b.bitcast(b.gep(dst_panel, [b.mul(p0, _c(nr))], inbounds=True),
+                                    ir.VectorType(blk.elem, g * nr).as_pointer())
+                    b.store(interleave(b, vecs), dst, align=1)
+            with otherwise:
+                zero = ir.Constant(blk.elem, 0)
+                with for_range(b, 0, kcp, step=g, name="rows.tail.q") as p0:
+                    row_dst = b.gep(dst_panel, [b.mul(p0, _c(nr))], inbounds=True)
+                    for e in range(g):
+                        p = b.add(p0, _c(e))
+                        live = b.icmp_signed("<", p, kc)
+                        base = row_ptr(b, ops, _min(b, b.add(pc, p), _c(k_total - 1)))
+                        with for_range(b, 0, nr, name="rows.tail.jj") as jj:
+                            col = _min(b, b.add(col0, jj), _c(columns - 1))
+                            v = _convert(b, b.load(b.gep(base, [col], inbounds=True)), blk, signed, "x")
+                            b.store(b.select(live, v, zero), b.gep(row_dst, [b.add(b.mul(jj, _c(g)), _c(e))], inbounds=True))
 
     return pack
 
