@@ -78,8 +78,11 @@ def polyml_command() -> list[str]:
     return [str(exe)] if exe.exists() else [sys.executable, "-c", "import sys; from polyml.cli import main; sys.exit(main())"]
 
 
-def _run(cmd: list[str], what: str, cwd: Path | None = None) -> subprocess.CompletedProcess:
-    proc = subprocess.run(cmd, capture_output=True, text=True, cwd=cwd)
+def _run(cmd: list[str], what: str, cwd: Path | None = None, timeout: float | None = None) -> subprocess.CompletedProcess:
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, cwd=cwd, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        raise ToolchainError(f"{what} took more than {timeout:.0f} s\n  command: {' '.join(cmd)}") from None
     if proc.returncode != 0:
         raise ToolchainError(f"{what} failed (exit {proc.returncode}):\n{(proc.stderr or proc.stdout).strip()[-2000:]}\n"
                              f"  command: {' '.join(cmd)}")
@@ -99,9 +102,10 @@ class Build:
 
 
 def build(kernel: str, variant: str, size: str, work: Path, passes: str | None = None,
-          opt_args: Sequence[str] = ()) -> Build:
+          opt_args: Sequence[str] = (), opt_timeout: float | None = None) -> Build:
     """Build ``kernel`` as ``variant`` into ``work``; ``passes``: polyml's pipeline (None: the
-    default pipeline of ``polyml opt``), ``opt_args``: more ``polyml opt`` arguments."""
+    default pipeline of ``polyml opt``), ``opt_args``: more ``polyml opt`` arguments,
+    ``opt_timeout``: seconds ``polyml opt`` may take (an error after that)."""
     src = source(kernel)
     work.mkdir(parents=True, exist_ok=True)
     stem = f"{kernel}.{variant}"
@@ -118,7 +122,7 @@ def build(kernel: str, variant: str, size: str, work: Path, passes: str | None =
     c1 = [clang, *IR_FLAGS, *flags, str(src), "-o", str(ll)]
     _run(c1, f"{kernel}: clang IR")
     c2 = [*polyml_command(), "opt", str(ll), "-o", str(opt_ll), *(["--passes", passes] if passes else []), *opt_args]
-    proc = _run(c2, f"{kernel}: polyml opt")
+    proc = _run(c2, f"{kernel}: polyml opt", timeout=opt_timeout)
     c3 = [clang, "-O3", *COMMON, str(opt_ll), "-o", str(exe), *LIBS]
     _run(c3, f"{kernel}: clang on polyml's IR")
     return Build(kernel, variant, size, exe, tuple(" ".join(c) for c in (c1, c2, c3)), proc.stdout + proc.stderr)
