@@ -18,8 +18,9 @@ a matrix product, so the convolution becomes four stages:
 3. ``α²`` independent products ``M[ξν] = U[ξν] (K×C) · V[ξν] (C×T)`` on the packed GEMM,
    the batch spread over the threads (:func:`polyml.kernels.matmul.batched_product`);
 4. output transform, a nest over ``{[k, ti, tj]}`` (parallel over ``k``):
-   ``Ypad[k][ti·m + a][tj·m + b] = (Aᵀ M[·][k][t] A)[a][b]``, then the crop to the output with
-   the bias and the fused chain (activation, residual add) in one nest over y.
+   ``y[k][ti·m + a][tj·m + b] = chain((Aᵀ M[·][k][t] A)[a][b] + bias[k])`` with the fused chain
+   (activation, residual add) when the tiles cover the output exactly; otherwise into ``Ypad``,
+   then cropped to y with the bias and chain in one nest.
 
 Multiply-adds per output: ``C·9`` directly, ``C·α²/m²`` in the products (4 for F(2×2), 2.25 for
 F(4×4)), plus transforms linear in ``C·T`` and ``K·T``.  F(4×4)'s transforms have larger
@@ -89,6 +90,11 @@ class WinogradPlan:
         return self.tiles[0] * self.tiles[1]
 
     @property
+    def exact(self) -> bool:
+        """Whether the tiles cover the output exactly (then no tile crosses its border)."""
+        return all(o % self.m == 0 for o in self.win.out)
+
+    @property
     def pad_window(self) -> Window:
         """The window whose padded copy covers every tile's α×α patch (``TH·m + 2`` rows)."""
         th, tw = self.tiles
@@ -106,7 +112,7 @@ class WinogradPlan:
         a2, (th, tw) = self.alpha ** 2, self.tiles
         gemm = batched_temps(a2, self.k, self.t, self.c)
         return {"xpad": self.xpad.size, "v": a2 * self.c * self.t, "m": a2 * self.k * self.t,
-                "ypad": self.k * th * self.m * tw * self.m, "gemm": gemm[0].size if gemm else 0}
+                "ypad": 0 if self.exact else self.k * th * self.m * tw * self.m, "gemm": gemm[0].size if gemm else 0}
 
     @property
     def scratch(self) -> TensorType:
@@ -225,6 +231,17 @@ def convolve_winograd(k: KernelBuilder, plan: WinogradPlan, scratch: Buffer) -> 
     ypad = region("ypad", (plan.k, th * m, tw * m))
     work = region("gemm", (max(sizes["gemm"], 1),))
     src, _ = padded_source(k, x, plan.pad_window, xpad, 0.0)
+    chain = k.node.attrs.get("epilogue")
+    extras = {buf.name: buf for buf in k.inputs[k.node.attrs["epilogue_start"]:] if buf is not None} if chain else {}
+
+    def finish(val: ir.Value, ix: list) -> ir.Value:
+        """bias and the fused chain at output index ``[n, k, oh, ow]``"""
+        if bias is not None:
+            val = k.b.fadd(val, bias.load([ix[1]]))
+        if chain:
+            val = evaluate_chain(k, chain, {k.node.attrs["epilogue_acc"]: val}, extras, ix)
+        return val
+
     for n in range(plan.batch):
         # V[ξν][c][t] = (Bᵀ d B)[ξ][ν], d = xpad[n, c, ti·m + i, tj·m + j]
         with nest(k, [plan.c, th, tw], names=["wc", "wti", "wtj"], parallel=1) as (c, ti, tj):
@@ -239,24 +256,22 @@ def convolve_winograd(k: KernelBuilder, plan: WinogradPlan, scratch: Buffer) -> 
                                prepacked_a=True)
         batched_product(k, spec, [u, v], mm, work, (a * a,),
                         [[packed_weight_floats(plan)], [plan.c * t], [plan.k * t]])
-        # Ypad[k][ti·m + p][tj·m + q] = (Aᵀ M A)[p][q]
+        # (Aᵀ M A)[p][q] of tile (ti, tj) is output (ti·m + p, tj·m + q): stored in y with the
+        # bias and chain when the tiles cover the output exactly, else in Ypad and cropped
         with nest(k, [plan.k, th, tw], names=["wk", "wyi", "wyj"], parallel=1) as (ko, ti, tj):
             tix = affine(k, [(tw, ti), (1, tj)])
             tile = [[mm.load([i * a + j, ko, tix]) for j in range(a)] for i in range(a)]
             out = _sandwich(k.b, at, tile)
             for p in range(m):
                 for q in range(m):
-                    ypad.store([ko, affine(k, [(m, ti)], p), affine(k, [(m, tj)], q)], out[p][q])
-        # y = chain(Ypad + b), cropped to the output
-        chain = k.node.attrs.get("epilogue")
-        extras = {buf.name: buf for buf in k.inputs[k.node.attrs["epilogue_start"]:] if buf is not None} if chain else {}
-        with nest(k, [1, plan.k, *plan.win.out], names=["yn", "yk", "yh", "yw"], parallel=2) as ix:
-            val = ypad.load(ix[1:])
-            if bias is not None:
-                val = k.b.fadd(val, bias.load([ix[1]]))
-            if chain:
-                val = evaluate_chain(k, chain, {k.node.attrs["epilogue_acc"]: val}, extras, [n, *ix[1:]])
-            y.store([n, *ix[1:]], val)
+                    at_ = [ko, affine(k, [(m, ti)], p), affine(k, [(m, tj)], q)]
+                    if plan.exact:
+                        y.store([n, *at_], finish(out[p][q], [n, *at_]))
+                    else:
+                        ypad.store(at_, out[p][q])
+        if not plan.exact:
+            with nest(k, [1, plan.k, *plan.win.out], names=["yn", "yk", "yh", "yw"], parallel=2) as ix:
+                y.store([n, *ix[1:]], finish(ypad.load(ix[1:]), [n, *ix[1:]]))
     return bool(k.node.attrs.get("epilogue"))
 
 
