@@ -122,8 +122,19 @@ def _smallest_params(s: isl.Set) -> dict[str, int]:
         return {}
     params = s.params()
     as_set = isl.Set.from_params(params).move_dims(isl.dim_type.set, 0, isl.dim_type.param, 0, len(names))
-    low = as_set.lexmin()
-    pt = low.sample_point() if not low.is_empty() and low.is_bounded() else as_set.sample_point()
+    natural = isl.Set(f"{{ [{', '.join(f'p{i}' for i in range(len(names)))}] : "
+                      f"{' and '.join(f'p{i} >= 0' for i in range(len(names)))} }}")
+    # parameters are mostly sizes and bounds (an outlined loop's [lb, ub)): the smallest
+    # non-negative values first, then any smallest, then any values that leave the domain non-empty
+    for candidate in (as_set.intersect(natural), as_set):
+        try:
+            low = candidate.lexmin()
+        except isl.Error:  # unbounded below
+            continue
+        if not low.is_empty():
+            pt = low.sample_point()
+            return {n: _value(pt.get_coordinate_val(isl.dim_type.set, i)) for i, n in enumerate(names)}
+    pt = as_set.sample_point()
     if pt.is_void():
         return {}
     return {n: _value(pt.get_coordinate_val(isl.dim_type.set, i)) for i, n in enumerate(names)}
@@ -345,13 +356,22 @@ def draw(data: DomainSlice, path: str | Path, fmt: str | None = None) -> Path:
     numbered = len(data.points) <= NUMBER_POINTS_UP_TO
     side = 5.6  # inches of the longer side of a panel
     pw, ph = (side, max(side * yspan / xspan, 1.4)) if yspan <= xspan else (max(side * xspan / yspan, 2.8), side)
-    top, bottom = 1.45, 0.7  # inches for the titles and the legend
+    fig_w = (pw + 0.9) * len(data.panels) + 0.3
+    fixed = ", ".join(f"{k}={v}" for k, v in data.fixed.items()) or "nothing"
+    head = f"{data.statement}" + (f"  (op {data.op})" if data.op and data.op not in data.statement else "")
+    cut = [f"{n} {lo}–{min(hi, end)} of {all_lo}–{end}" for n, (lo, hi, all_lo, end) in data.window.items() if hi < end]
+    note = _shorten(f"{len(data.points)} points; fixed: {fixed}" + (f"; window: {', '.join(cut)}" if cut else "")
+                    + (f"; {data.other_deps} dependence pairs with one end outside the slice (not drawn)"
+                       if data.other_deps else ""), max(40, int(fig_w * 13)))
+    schedules = [_shorten(pan.schedule, max(28, int(pw * 12.5))) for pan in data.panels]
+    # inches above the axes: the suptitle's lines, the panel titles' lines, the x label and ticks on top
+    top = 0.2 + 0.19 * (2 + note.count("\n")) + 0.15 * (2 + max(t.count("\n") for t in schedules)) + 0.75
+    bottom = 0.7  # the legend
     fig_h = ph + top + bottom
-    fig, axes = plt.subplots(1, len(data.panels), figsize=((pw + 0.9) * len(data.panels) + 0.3, fig_h), squeeze=False)
+    fig, axes = plt.subplots(1, len(data.panels), figsize=(fig_w, fig_h), squeeze=False)
     pitch = min(pw / xspan, ph / yspan) * 72  # points between neighbours
     size = min(pitch * (0.62 if numbered else 0.5), 18.0) ** 2
     counts = {k: sum(1 for d in data.deps if d[0] == k) for k in KINDS}
-    fixed = ", ".join(f"{k}={v}" for k, v in data.fixed.items()) or "nothing"
     for pi, (ax, pan) in enumerate(zip(axes[0], data.panels)):
         colours = tile_colours(pan.n_tiles)
         for t in range(pan.n_tiles):
@@ -394,16 +414,12 @@ def draw(data: DomainSlice, path: str | Path, fmt: str | None = None) -> Path:
         ax.tick_params(labelsize=8)
         tiles = f"{pan.n_tiles} tile{'s' if pan.n_tiles != 1 else ''}" + (
             f" (schedule dims {','.join(map(str, pan.tile_dims))} ⌊·⌋)" if pan.tile_dims else " (untiled)")
-        ax.set_title(f"{pan.title}: {tiles}\n{_shorten(pan.schedule, 64)}", fontsize=8, loc="left", pad=22)
+        ax.set_title(f"{pan.title}: {tiles}\n{schedules[pi]}", fontsize=8, loc="left", pad=22)
     handles = [Line2D([], [], color=DEP_STYLE[k][0], linestyle=DEP_STYLE[k][1], label=f"{DESCRIPTION[k]}: {counts[k]}")
                for k in KINDS]
     handles.append(Line2D([], [], color="0.45", label="execution order (light → dark)"))
     fig.legend(handles=handles, loc="lower center", ncol=2, fontsize=8, frameon=False, bbox_to_anchor=(0.5, 0.0))
-    head = f"{data.statement}" + (f"  (op {data.op})" if data.op and data.op not in data.statement else "")
-    cut = [f"{n} {lo}–{min(hi, top)} of {all_lo}–{top}" for n, (lo, hi, all_lo, top) in data.window.items() if hi < top]
-    note = (f"{len(data.points)} points; fixed: {fixed}" + (f"; window: {', '.join(cut)}" if cut else "")
-            + (f"; {data.other_deps} dependence pairs with one end outside the slice (not drawn)" if data.other_deps else ""))
-    fig.suptitle(f"{head}\n{_shorten(note, 40 + 45 * len(data.panels))}", fontsize=9, y=0.995)
+    fig.suptitle(f"{head}\n{note}", fontsize=9, y=1 - 0.1 / fig_h, va="top")
     fig.subplots_adjust(left=0.9 / fig.get_figwidth() * len(data.panels) / 1.5, right=0.98, top=1 - top / fig_h,
                         bottom=bottom / fig_h, wspace=0.25)
     return _extra.save(fig, path, fmt)
