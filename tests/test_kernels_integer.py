@@ -1,0 +1,291 @@
+"""Integer products (MatMulInteger, QLinearMatMul, ConvInteger, QLinearConv) against onnxruntime
+and onnx.reference on seeded random data, exactly (integer results, and requantized ones
+bit for bit: polyml computes the multiplier and rounding as onnxruntime does).
+
+Every path: the integer GEMM (:mod:`polyml.codegen.igemm`) with each micro-kernel forced
+(``POLYML_IGEMM``: ``vnni`` where the host has it, ``madd`` on 16 lanes with VNNI switched off,
+``madd8`` the AVX2 tile), the plain nests (few rows, batched B) and the direct convolution
+(depthwise, nonzero weight zero points, 1-D); operand signedness combinations (the VNNI
+top-bit flips), zero points per tensor and per channel, odd shapes (K not a multiple of 4,
+fewer rows than a tile, ragged N), groups, strides, pads, dilations, saturation at both ends
+of the output range, polyml's bias input and fused clamp (``polyml_clip``).
+"""
+
+from __future__ import annotations
+
+import tempfile
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+from onnx.reference import ReferenceEvaluator
+
+from polyml.compiler import compile as polyml_compile
+from polyml.errors import PolymlError
+from polyml.testing import onnxruntime_run
+
+
+def _host_has_vnni() -> bool:
+    from polyml.driver.toolchain import host_target
+
+    return "+avx512vnni" in host_target().features.split(",")
+
+
+VARIANTS = [pytest.param("vnni", marks=pytest.mark.skipif(not _host_has_vnni(), reason="no AVX-512 VNNI")), "madd",
+            "madd8"]
+
+
+def _t(dtype: type) -> int:
+    return helper.np_dtype_to_tensor_dtype(np.dtype(dtype))
+
+
+def _ints(rng: np.random.Generator, shape: tuple[int, ...], dtype: type) -> np.ndarray:
+    info = np.iinfo(dtype)
+    return rng.integers(info.min, info.max + 1, shape).astype(dtype)
+
+
+def _model(op: str, inputs: dict[str, np.ndarray], consts: dict[str, np.ndarray], order: list[str], out_dtype: int,
+           domain: str = "", **attrs) -> onnx.ModelProto:
+    node = helper.make_node(op, order, ["y"], domain=domain, **attrs)
+    graph = helper.make_graph([node], op, [helper.make_tensor_value_info(k, _t(v.dtype), list(v.shape)) for k, v in inputs.items()],
+                              [helper.make_tensor_value_info("y", out_dtype, None)],
+                              initializer=[numpy_helper.from_array(v, k) for k, v in consts.items()])
+    opsets = [helper.make_opsetid("", 13)] + ([helper.make_opsetid(domain, 1)] if domain else [])
+    return helper.make_model(graph, opset_imports=opsets)
+
+
+def _polyml(model: onnx.ModelProto, feeds: dict[str, np.ndarray], **options) -> np.ndarray:
+    with tempfile.TemporaryDirectory(prefix="polyml-int-") as tmp:
+        onnx.save(model, f"{tmp}/m.onnx")
+        return polyml_compile(Path(tmp) / "m.onnx", Path(tmp) / "b", cache=False, threads=2, **options).run(feeds)["y"]
+
+
+def _exact(got: np.ndarray, ref: np.ndarray) -> None:
+    assert got.dtype == ref.dtype and got.shape == ref.shape, (got.dtype, got.shape, ref.dtype, ref.shape)
+    diff = np.abs(got.astype(np.int64) - ref.astype(np.int64))
+    assert diff.max(initial=0) == 0, f"{int((diff > 0).sum())} of {diff.size} differ, max {diff.max()}"
+
+
+# -- MatMulInteger ------------------------------------------------------------------------------
+
+#: (A shape, B shape, A dtype, B dtype, B constant, a zero point, b zero point(s) or None)
+MMI_CASES = [
+    ((64, 96), (96, 128), np.uint8, np.int8, True, 3, 0),          # the common case: igemm
+    ((37, 50), (50, 29), np.uint8, np.int8, True, 255, 0),         # K % 4 != 0, ragged M and N
+    ((33, 70), (70, 41), np.int8, np.int8, True, -128, 127),       # s8 activations: the flip
+    ((40, 64), (64, 48), np.uint8, np.uint8, False, 200, "col"),   # u8 weights computed, per-column zp
+    ((24, 40), (40, 36), np.int8, np.uint8, True, 5, "col"),
+    ((3, 40), (40, 20), np.uint8, np.int8, True, 7, 1),            # fewer rows than a tile: nests
+    ((2, 9, 16), (2, 16, 12), np.uint8, np.int8, False, 1, 2),     # batched B: nests
+    ((2, 5, 64), (64, 40), np.uint8, np.int8, True, 9, 0),         # A's batch stacks into rows
+]
+
+
+def _mmi_model(a: np.ndarray, b: np.ndarray, b_const: bool, za, zb) -> tuple[onnx.ModelProto, dict]:  # noqa: ANN001
+    consts = {"za": np.array(za, a.dtype), "zb": np.asarray(zb, b.dtype)}
+    inputs = {"a": a}
+    (consts if b_const else inputs)["b"] = b
+    return _mmi_graph(inputs, consts), inputs
+
+
+def _mmi_graph(inputs: dict, consts: dict) -> onnx.ModelProto:
+    order = ["a", "b", "za", "zb"]
+    return _model("MatMulInteger", inputs, consts, order, TensorProto.INT32)
+
+
+@pytest.mark.parametrize("case", MMI_CASES, ids=[f"{c[0]}x{c[1]}-{c[2].__name__}x{c[3].__name__}" for c in MMI_CASES])
+def test_matmul_integer(case: tuple) -> None:
+    sa, sb, adt, bdt, b_const, za, zb = case
+    rng = np.random.default_rng(0)
+    a, b = _ints(rng, sa, adt), _ints(rng, sb, bdt)
+    if zb == "col":
+        zb = _ints(rng, (sb[-1],), bdt)
+    model, feeds = _mmi_model(a, b, b_const, za, zb)
+    ref = ReferenceEvaluator(model).run(None, feeds)[0]
+    _exact(_polyml(model, feeds), ref)
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_matmul_integer_micro_kernels(variant: str, monkeypatch) -> None:
+    """Each micro-kernel forced, with the zero point of A computed at run time (as
+    DynamicQuantizeLinear gives it), on the activation signedness that needs a flip."""
+    monkeypatch.setenv("POLYML_IGEMM", variant)
+    rng = np.random.default_rng(1)
+    for adt, bdt in ((np.uint8, np.int8), (np.int8, np.uint8)):
+        a, b = _ints(rng, (45, 83), adt), _ints(rng, (83, 70), bdt)
+        feeds = {"a": a, "za": np.array(17, adt)}
+        model = _model("MatMulInteger", feeds, {"b": b, "zb": np.array(3, bdt)}, ["a", "b", "za", "zb"], TensorProto.INT32)
+        _exact(_polyml(model, feeds), ReferenceEvaluator(model).run(None, feeds)[0])
+
+
+# -- QLinearMatMul ------------------------------------------------------------------------------
+
+def _qlmm(a: np.ndarray, b: np.ndarray, b_scale: np.ndarray, b_zp: np.ndarray, y_scale: float, y_zp: int,
+          out_dtype: type) -> tuple[onnx.ModelProto, dict]:
+    consts = {"a_s": np.array(0.03, np.float32), "a_zp": np.array(9 if a.dtype == np.uint8 else -4, a.dtype), "b": b,
+              "b_s": b_scale, "b_zp": b_zp, "y_s": np.array(y_scale, np.float32), "y_zp": np.array(y_zp, out_dtype)}
+    order = ["a", "a_s", "a_zp", "b", "b_s", "b_zp", "y_s", "y_zp"]
+    return _model("QLinearMatMul", {"a": a}, consts, order, _t(out_dtype)), {"a": a}
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+@pytest.mark.parametrize("shape", [(64, 96, 80), (13, 37, 29)], ids=["igemm", "ragged"])
+def test_qlinear_matmul(variant: str, shape: tuple[int, int, int], monkeypatch) -> None:
+    """Against onnxruntime, bit for bit, with a y_scale that saturates at both ends."""
+    monkeypatch.setenv("POLYML_IGEMM", variant)
+    m, k, n = shape
+    rng = np.random.default_rng(2)
+    a, b = _ints(rng, (m, k), np.uint8), _ints(rng, (k, n), np.int8)
+    model, feeds = _qlmm(a, b, np.array(0.002, np.float32), np.array(0, np.int8), 0.03, 128, np.uint8)
+    ref = onnxruntime_run(model, feeds)["y"]
+    assert (ref == 0).any() and (ref == 255).any(), "the case should saturate at both ends"
+    _exact(_polyml(model, feeds), ref)
+
+
+def test_qlinear_matmul_int8_output_nonzero_b_zero_point() -> None:
+    rng = np.random.default_rng(3)
+    a, b = _ints(rng, (40, 52), np.int8), _ints(rng, (52, 33), np.int8)
+    model, feeds = _qlmm(a, b, np.array(0.004, np.float32), np.array(-7, np.int8), 0.03, -3, np.int8)
+    ref = onnxruntime_run(model, feeds)["y"]
+    assert (ref == -128).any() and (ref == 127).any()
+    _exact(_polyml(model, feeds), ref)
+
+
+def test_qlinear_matmul_bias_and_clip_match_qgemm() -> None:
+    """polyml's bias input (9th) and ``polyml_clip`` against onnxruntime's com.microsoft.QGemm
+    with the same int32 bias, clamped in the output domain (Q(relu(v)) = max(Q(v), y_zp))."""
+    rng = np.random.default_rng(4)
+    m, k, n = 48, 72, 40
+    a, b = _ints(rng, (m, k), np.uint8), _ints(rng, (k, n), np.int8)
+    bias = rng.integers(-20000, 20000, n).astype(np.int32)
+    consts = {"a_s": np.array(0.02, np.float32), "a_zp": np.array(100, np.uint8), "b": b,
+              "b_s": np.array(0.003, np.float32), "b_zp": np.array(0, np.int8), "bias": bias,
+              "y_s": np.array(0.3, np.float32), "y_zp": np.array(90, np.uint8)}
+    qgemm = _model("QGemm", {"a": a}, consts, ["a", "a_s", "a_zp", "b", "b_s", "b_zp", "bias", "y_s", "y_zp"],
+                   TensorProto.UINT8, domain="com.microsoft")
+    ref = np.maximum(onnxruntime_run(qgemm, {"a": a})["y"], 90)
+    ours = _model("QLinearMatMul", {"a": a}, consts, ["a", "a_s", "a_zp", "b", "b_s", "b_zp", "y_s", "y_zp", "bias"],
+                  TensorProto.UINT8, polyml_clip=[90, 255])
+    _exact(_polyml(ours, {"a": a}), ref)
+
+
+def test_qlinear_matmul_needs_constant_scales() -> None:
+    rng = np.random.default_rng(5)
+    a, b = _ints(rng, (16, 16), np.uint8), _ints(rng, (16, 16), np.int8)
+    consts = {"a_zp": np.array(0, np.uint8), "b": b, "b_s": np.array(0.1, np.float32), "b_zp": np.array(0, np.int8),
+              "y_s": np.array(0.1, np.float32), "y_zp": np.array(0, np.uint8)}
+    feeds = {"a": a, "a_s": np.array(0.1, np.float32)}
+    model = _model("QLinearMatMul", feeds, consts, ["a", "a_s", "a_zp", "b", "b_s", "b_zp", "y_s", "y_zp"], TensorProto.UINT8)
+    with pytest.raises(PolymlError, match="compile-time constant"):
+        _polyml(model, feeds)
+
+
+# -- QLinearConv and ConvInteger ------------------------------------------------------------
+
+def _qconv(rng: np.random.Generator, xs: tuple, ws: tuple, xdt: type = np.uint8, per_channel: bool = True,
+           w_zp: int = 0, bias: bool = True, **attrs) -> tuple[onnx.ModelProto, dict]:
+    x, w = _ints(rng, xs, xdt), _ints(rng, ws, np.int8)
+    m = ws[0]
+    y_scale = 0.0042 * float(np.sqrt(np.prod(ws[1:])))  # saturates a few % of outputs at both ends
+    w_scale = (rng.uniform(0.5, 1.5, m) * 2e-3).astype(np.float32) if per_channel else np.array(1.5e-3, np.float32)
+    consts = {"x_s": np.array(0.02, np.float32), "x_zp": np.array(7 if xdt == np.uint8 else -3, xdt), "w": w,
+              "w_s": w_scale, "w_zp": np.full(m if per_channel else (), w_zp, np.int8),
+              "y_s": np.array(y_scale, np.float32), "y_zp": np.array(100 if xdt == np.uint8 else 5, xdt)}
+    order = ["x", "x_s", "x_zp", "w", "w_s", "w_zp", "y_s", "y_zp"]
+    if bias:
+        consts["B"] = rng.integers(-5000, 5000, m).astype(np.int32)
+        order.append("B")
+    return _model("QLinearConv", {"x": x}, consts, order, _t(xdt), **attrs), {"x": x}
+
+
+#: (x shape, w shape, attributes): GEMM path (strided, padded, grouped, dilated, the stem's
+#: three channels, batch 2) and direct path (depthwise, thin groups, 1-D)
+QCONV_CASES = [
+    ((1, 16, 15, 17), (40, 16, 3, 3), {"pads": [1, 1, 1, 1], "strides": [2, 1]}),
+    ((1, 64, 14, 14), (64, 64, 1, 1), {}),
+    ((2, 32, 10, 10), (48, 16, 3, 3), {"group": 2, "pads": [1, 0, 1, 2]}),
+    ((1, 3, 32, 32), (24, 3, 7, 7), {"pads": [3, 3, 3, 3], "strides": [2, 2]}),
+    ((1, 24, 13, 11), (32, 24, 3, 3), {"dilations": [2, 2], "pads": [2, 2, 2, 2]}),
+    ((1, 32, 9, 9), (64, 32, 1, 1), {"strides": [2, 2]}),
+    ((1, 32, 12, 12), (32, 1, 3, 3), {"group": 32, "pads": [1, 1, 1, 1]}),
+    ((1, 32, 12, 13), (32, 1, 3, 3), {"group": 32, "pads": [1, 1, 1, 1], "strides": [2, 2]}),
+    ((1, 8, 10, 10), (16, 2, 3, 3), {"group": 4, "pads": [1, 1, 1, 1]}),
+    ((2, 6, 20), (10, 6, 5), {"pads": [2, 1]}),
+]
+
+
+@pytest.mark.parametrize("case", QCONV_CASES, ids=[f"{c[0]}-{c[1]}-{i}" for i, c in enumerate(QCONV_CASES)])
+def test_qlinear_conv(case: tuple) -> None:
+    xs, ws, attrs = case
+    model, feeds = _qconv(np.random.default_rng(6), xs, ws, **attrs)
+    ref = onnxruntime_run(model, feeds)["y"]
+    assert (ref == 0).any() and (ref == 255).any(), "the case should saturate at both ends"
+    _exact(_polyml(model, feeds), ref)
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_qlinear_conv_micro_kernels(variant: str, monkeypatch) -> None:
+    """Each micro-kernel forced: uint8 and int8 activations (the flip), per-tensor weights."""
+    monkeypatch.setenv("POLYML_IGEMM", variant)
+    for xdt in (np.uint8, np.int8):
+        model, feeds = _qconv(np.random.default_rng(7), (1, 20, 11, 13), (36, 20, 3, 3), xdt=xdt, per_channel=xdt == np.int8,
+                              pads=[1, 1, 1, 1], strides=[1, 2])
+        _exact(_polyml(model, feeds), onnxruntime_run(model, feeds)["y"])
+
+
+def test_qlinear_conv_clip_and_weight_zero_point() -> None:
+    """``polyml_clip`` (a fused Relu: y ≥ y_zp) on the GEMM path, and nonzero weight zero points
+    (the direct path), against onnxruntime's QLinearConv."""
+    rng = np.random.default_rng(8)
+    model, feeds = _qconv(rng, (1, 16, 12, 12), (32, 16, 3, 3), pads=[1, 1, 1, 1])
+    ref = np.maximum(onnxruntime_run(model, feeds)["y"], 100)
+    helper_attr = helper.make_attribute("polyml_clip", [100, 255])
+    model.graph.node[0].attribute.append(helper_attr)
+    _exact(_polyml(model, feeds), ref)
+    model, feeds = _qconv(rng, (1, 16, 12, 12), (32, 16, 3, 3), per_channel=False, w_zp=3, pads=[1, 1, 1, 1])
+    _exact(_polyml(model, feeds), onnxruntime_run(model, feeds)["y"])
+
+
+@pytest.mark.parametrize("wdt", [np.uint8, np.int8])
+def test_conv_integer(wdt: type) -> None:
+    """ConvInteger (int32 out) against onnx.reference: the GEMM path (uint8 weights under VNNI
+    have zero points ≠ 0 after the flip, so they take the direct path) and a runtime x zero point."""
+    rng = np.random.default_rng(9)
+    x, w = _ints(rng, (1, 16, 10, 9), np.uint8), _ints(rng, (24, 16, 3, 3), wdt)
+    feeds = {"x": x, "x_zp": np.array(131, np.uint8)}
+    model = _model("ConvInteger", feeds, {"w": w, "w_zp": np.array(0, wdt)}, ["x", "w", "x_zp", "w_zp"], TensorProto.INT32,
+                   pads=[1, 1, 1, 1])
+    _exact(_polyml(model, feeds), ReferenceEvaluator(model).run(None, feeds)[0])
+
+
+def test_integer_kernels_in_the_ir(tmp_path: Path) -> None:
+    """The VNNI build calls vpdpbusd; the forced madd build multiplies int16 pairs instead."""
+    rng = np.random.default_rng(10)
+    model, _ = _qconv(rng, (1, 32, 14, 14), (64, 32, 3, 3), pads=[1, 1, 1, 1])
+    onnx.save(model, str(tmp_path / "m.onnx"))
+    polyml_compile(tmp_path / "m.onnx", tmp_path / "b", cache=False, emit=["ll"])
+    text = "".join(p.read_text() for p in (tmp_path / "b").glob("ops.*.ll") if ".opt." not in p.name)
+    assert "polyml.iukernel." in text
+    assert ("llvm.x86.avx512.vpdpbusd.512" in text) == _host_has_vnni()
+
+
+@pytest.mark.parametrize("features,expect", [("+avx512f,+avx512bw,+avx512vnni", ("vnni", 12, 32)),
+                                             ("+avx512f,+avx512bw", ("madd", 12, 32)), ("+avx2", ("madd", 6, 16)),
+                                             ("+sse2", ("madd", 4, 8))])
+def test_integer_blocking_by_isa(features: str, expect: tuple) -> None:
+    from polyml.codegen.igemm import host_iblocking
+
+    blk = host_iblocking(features, 32 << 10, 1 << 20)
+    assert (blk.variant, blk.mr, blk.nr) == expect
+    assert blk.kc % 4 == 0 and blk.nr % blk.width == 0 and blk.mc % blk.mr == 0
+
+
+def test_integer_blocking_override_errors(monkeypatch) -> None:
+    from polyml.codegen.igemm import blocking_for_host
+
+    for bad in ("avx9", "madd,kc=6", "madd,nr=20", "madd,kc"):
+        monkeypatch.setenv("POLYML_IGEMM", bad)
+        with pytest.raises(PolymlError, match="POLYML_IGEMM"):
+            blocking_for_host()
