@@ -27,6 +27,7 @@ import importlib
 import inspect
 import pkgutil
 import re
+import traceback
 import typing
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -200,9 +201,19 @@ def parse_pipeline(text: str) -> list[Pass]:
 
 
 def run(passes: Sequence[Pass], scop: dict) -> dict:
-    """Apply ``passes`` in order."""
-    for p in passes:
-        scop = p.apply(scop)
+    """Apply ``passes`` in order.  A pass that raises anything but a :class:`PolymlError` has a
+    bug (built in or a plugin): that becomes a :class:`PassError` naming the pass, the SCoP and
+    where in the pass's code it failed, instead of a traceback."""
+    for i, p in enumerate(passes):
+        try:
+            scop = p.apply(scop)
+        except PolymlError:
+            raise
+        except Exception as e:
+            where = traceback.extract_tb(e.__traceback__)[-1]
+            raise PassError(f"pass {p.spec()!r} failed on SCoP {scop.get('name', '?')!r}: {type(e).__name__}: {e} "
+                            f"(at {where.filename}:{where.lineno} in {where.name}; "
+                            f"reproduce with: polyml scops IN.ll --after '{','.join(q.spec() for q in passes[: i + 1])}')") from e
     return scop
 
 

@@ -164,3 +164,25 @@ def test_prepare_aligns_parameters_and_unnames_the_range() -> None:
     assert s.is_equal(J.isl.Map("[n, m] -> { S[i, j] -> [j + m, i] }"))
     assert importable.same_schedules(scop, out) and not importable.same_schedules(
         scop, J.with_schedules(scop, {"U": "{ U[i] -> [i + 1] }"}))
+
+
+def test_a_pass_that_crashes_is_named(parametric) -> None:
+    """A bug in a pass (here one that indexes past its statements) is a PassError naming the
+    pass, the SCoP and the line, not a traceback out of polyml."""
+    from dataclasses import dataclass
+
+    from polyml import passes
+
+    @dataclass(frozen=True)
+    class Broken(passes.Pass):
+        name = "broken"
+
+        def apply(self, scop: dict) -> dict:
+            return scop["statements"][5]
+
+    _, scop, _ = parametric
+    with pytest.raises(passes.PassError) as info:
+        passes.run([*passes.parse_pipeline("identity"), Broken()], scop["data"])
+    msg = str(info.value)
+    assert "pass 'broken' failed on SCoP '%entry.split---%for.end13': IndexError" in msg
+    assert "test_opt_failures.py:" in msg and "--after 'identity,broken'" in msg
