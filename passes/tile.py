@@ -167,17 +167,32 @@ def model_sizes(node: isl.ScheduleNode, scop: dict, budget: int) -> list[int]:
     """Tile sizes for band ``node``: the largest uniform size whose tile fits ``budget`` bytes,
     then the innermost member doubled while the tile still fits (long stride-1 rows)."""
     n = node.band_n_member()
+    extents = [_extent(m.intersect_domain(node.get_domain())) for m in sched.band_members(node)]
+
+    def clamp(sizes: list[int]) -> list[int]:  # no tile larger than the member's range
+        return [min(s, e) if e else s for s, e in zip(sizes, extents)]
+
     for t in CANDIDATES:
-        fp = footprint(node, scop, [t] * n)
+        fp = footprint(node, scop, clamp([t] * n))
         if fp is None:
             return [32] * n
         if fp <= budget:
-            sizes = [t] * n
-            while sizes[-1] < 4 * t:
-                wider = [*sizes[:-1], sizes[-1] * 2]
+            sizes = clamp([t] * n)
+            while sizes[-1] < 4 * t and (not extents[-1] or sizes[-1] < extents[-1]):
+                wider = clamp([*sizes[:-1], sizes[-1] * 2])
                 fw = footprint(node, scop, wider)
                 if fw is None or fw > budget:
                     break
                 sizes = wider
             return sizes
-    return [CANDIDATES[-1]] * n
+    return clamp([CANDIDATES[-1]] * n)
+
+
+def _extent(member: isl.UnionMap) -> int:
+    """How many values a band member takes (0: unknown, parametric)."""
+    vals = member.range()
+    if vals.is_empty() or not isl.Set.from_union_set(vals).is_bounded():
+        return 0
+    s = isl.Set.from_union_set(vals)
+    lo, hi = _value(s.dim_min(0)), _value(s.dim_max(0))
+    return hi - lo + 1 if lo is not None and hi is not None else 0

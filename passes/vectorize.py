@@ -42,15 +42,17 @@ class Vectorize(Pass):
         deps = dependences.compute(scop).all()
         accesses = _accesses(scop)
         order = J.statement_names(scop)
+        own = _self_dependences(deps)
         width = self.width or host_vector_width(scop)
 
         def one(node: isl.ScheduleNode) -> tuple[isl.ScheduleNode, int]:
             if _has_band_below(node):
                 return node, 0
+            node = stride_one_innermost(node, deps, own, accesses)
             split = separate_statements(node, deps, order)
             if split is not None:
                 return split, 0  # the walk goes on into each statement's own inner band
-            return vectorize_band(node, deps, accesses, width)
+            return strip_mine(node, deps, width)
 
         return sched.with_tree(scop, sched.map_bands(sched.tree(scop), one))
 
@@ -167,26 +169,40 @@ def _maps(u: isl.UnionMap) -> list[isl.Map]:
     return out
 
 
-def vectorize_band(node: isl.ScheduleNode, deps: isl.UnionMap, accesses: dict[str, list[isl.Map]],
-                   width: int) -> tuple[isl.ScheduleNode, int]:
-    """Move the best parallel stride-1 member of band ``node`` innermost and strip-mine it."""
+def _self_dependences(deps: isl.UnionMap) -> isl.UnionMap:
+    """The dependences between instances of one statement."""
+    out = isl.UnionMap("{ }")
+    for m in _maps(deps):
+        if m.get_tuple_name(isl.dim_type.in_) == m.get_tuple_name(isl.dim_type.out):
+            out = out.union(isl.UnionMap.from_map(m))
+    return out
+
+
+def stride_one_innermost(node: isl.ScheduleNode, deps: isl.UnionMap, own: isl.UnionMap,
+                         accesses: dict[str, list[isl.Map]]) -> isl.ScheduleNode:
+    """Band ``node`` with its best stride-1 member innermost: the highest :func:`stride_score`
+    among members that are parallel as far as each statement's own dependences go (the
+    statements may still be separated below it, :func:`separate_statements`); only a
+    permutable band is permuted."""
     from polyml.passes.parallel import permute
 
     n = node.band_n_member()
-    permutable = sched.band_is_permutable(node, deps)
-    scores = {k: stride_score(node, k, accesses) for k in range(n) if k == n - 1 or permutable}
-    chosen = None
+    if n < 2 or not sched.band_is_permutable(node, deps):
+        return node
+    scores = {k: stride_score(node, k, accesses) for k in range(n)}
     for k in sorted(scores, key=lambda k: (-scores[k], k != n - 1)):
         if scores[k] <= 0:
             break
         cand = node if k == n - 1 else permute(node, [*(i for i in range(n) if i != k), k], deps)
-        if sched.member_parallel(cand, n - 1, deps):
-            chosen = cand
-            break
-    if chosen is None:
-        return node, 0
-    node = chosen
-    if width <= 1:
+        if sched.member_parallel(cand, n - 1, own):
+            return cand
+    return node
+
+
+def strip_mine(node: isl.ScheduleNode, deps: isl.UnionMap, width: int) -> tuple[isl.ScheduleNode, int]:
+    """Strip-mine the innermost member of band ``node`` by ``width`` if it is parallel."""
+    n = node.band_n_member()
+    if width <= 1 or not sched.member_parallel(node, n - 1, deps):
         return node, 0
     if n > 1:
         node = node.band_split(n - 1).child(0)

@@ -1,0 +1,114 @@
+"""polyml's default pass pipeline, the SCoPs it leaves to Polly, and the variants ``--tune`` tries.
+
+Not a pass: the policy ``polyml opt`` (no ``--passes``) and ``polyml build --passes default``
+apply per SCoP.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import islpy as isl
+
+from polyml.scop import jscop as J
+
+#: isl's scheduler (fusion as isl clusters it), tiles sized by the cache model, a wavefront over
+#: the tiles where no tile loop is parallel (time-tiled stencils), the outermost parallel loop
+#: on OpenMP threads, the innermost parallel stride-1 loop for the vectorizer
+DEFAULT = "schedule,tile,wavefront,parallel,vectorize{width=1}"
+#: what the default pipeline runs on a matrix-product SCoP: nothing of polyml's; Polly's own
+#: optimizer (its GEMM pattern: packing, register tiling) is faster there (docs/SCOP_WORKFLOW.md)
+POLLY = "polly"
+
+
+@dataclass(frozen=True)
+class Choice:
+    """The pipeline the default policy picks for one SCoP, and why."""
+
+    pipeline: str
+    reason: str
+
+
+def is_matrix_product(scop: Mapping) -> bool:
+    """Does a statement of the SCoP compute ``C[i][j] (+)= … A[i][k] … B[k][j]``: a write whose
+    subscripts leave out a loop ``k`` (a reduction), and two reads each indexed by ``k`` and by
+    a different one of the write's loops (the shape Polly's GEMM pattern optimizer matches)?"""
+    for s in scop["statements"]:
+        dom = J.domain(s)
+        n = dom.dim(isl.dim_type.set)
+        if n < 3:
+            continue
+        uses = []
+        for a in s["accesses"]:
+            m = J.parse(isl.Map, a["relation"], s["name"])
+            uses.append((a["kind"], _used_dims(m, n)))
+        for kind, w in uses:
+            if kind != "write" or not w:
+                continue
+            red = set(range(n)) - w
+            for k in red:
+                partners = [u for kd, u in uses if kd == "read" and k in u and len(u) == 2 and u - {k} <= w]
+                if len({frozenset(u - {k}) for u in partners}) >= 2:
+                    return True
+    return False
+
+
+def _used_dims(m: isl.Map, n: int) -> set[int]:
+    """The input dimensions an access relation's subscripts depend on (affine pieces only)."""
+    used: set[int] = set()
+    try:
+        pma = isl.PwMultiAff.from_map(m)
+    except isl.Error:
+        return set(range(n))
+
+    def piece(_set: isl.Set, ma: isl.MultiAff) -> None:
+        for d in range(ma.dim(isl.dim_type.out)):
+            aff = ma.get_aff(d)
+            for i in range(n):
+                if not aff.get_coefficient_val(isl.dim_type.in_, i).is_zero():
+                    used.add(i)
+            if aff.dim(isl.dim_type.div):
+                used.update(range(n))
+
+    pma.foreach_piece(piece)
+    return used
+
+
+def choose(scop: Mapping) -> Choice:
+    """The default policy for one SCoP."""
+    if is_matrix_product(scop):
+        return Choice(POLLY, "a matrix product: Polly's GEMM pattern optimizer")
+    return Choice(DEFAULT, "polyml's pipeline")
+
+
+def with_threads(pipeline: str, threads: int) -> str:
+    """``pipeline`` with ``parallel{threads=N}``; ``threads == 1`` drops the parallel pass."""
+    from polyml.passes import split_pipeline
+
+    items = []
+    for name, opts in split_pipeline(pipeline):
+        if name == "parallel":
+            if threads == 1:
+                continue
+            if threads > 1:
+                opts = {**opts, "threads": str(threads)}
+        items.append(name + ("{" + " ".join(f"{k}={v}" for k, v in opts.items()) + "}" if opts else ""))
+    return ",".join(items)
+
+
+def tune_variants(limit: int) -> list[str]:
+    """Up to ``limit`` pipelines ``--tune`` measures, most promising first: the default, Polly's
+    optimizer, the untiled schedule, then fusion and tile-size and vector-width variants."""
+    out = [DEFAULT, POLLY, "schedule,parallel,vectorize{width=1}", "identity"]
+    for fusion in ("max", "min"):
+        out.append(f"schedule{{fusion={fusion}}},tile,wavefront,parallel,vectorize{{width=1}}")
+    for sizes in ("32,256,128", "64,64,256", "16,128,128", "32,32,32", "128,128,128", "8,64,512"):
+        out.append(f"schedule,tile{{sizes={sizes}}},wavefront,parallel,vectorize{{width=1}}")
+    for width in (0, 32, 64):
+        out.append(f"schedule,tile,wavefront,parallel,vectorize{{width={width}}}")
+    seen: list[str] = []
+    for p in out:
+        if p not in seen:
+            seen.append(p)
+    return seen[: max(1, limit)]

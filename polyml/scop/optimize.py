@@ -1,0 +1,184 @@
+"""``polyml opt``'s engine: a pipeline (or the default policy) over every SCoP of an IR file,
+Polly's own optimizer for the functions left to it, and ``--tune``'s measured search.
+
+Per SCoP the pipeline is the one given, or the default policy's
+(:func:`polyml.passes.pipeline.choose`: polyml's pipeline, or ``polly`` for matrix products).
+A function with a SCoP left to Polly is left to Polly entirely (Polly optimizes functions; a
+function whose code polyml imported is no SCoP of the same shape any more): after the import
+step ``opt -O3 -polly [-polly-parallel]`` runs on those functions only (``-polly-only-func``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import shutil
+import subprocess
+import tempfile
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from polyml.driver import flags
+from polyml.driver.toolchain import tool
+from polyml.errors import PolymlError, ToolchainError
+from polyml.scop import exchange
+from polyml.scop.detect import Detection, detect
+
+
+@dataclass
+class Result:
+    """What one ``polyml opt`` run did."""
+
+    found: Detection
+    #: new JSCoPs by file name (imported)
+    new: dict[str, dict]
+    #: pipeline by SCoP file name (every SCoP a pipeline ran on)
+    pipelines: dict[str, str] = field(default_factory=dict)
+    #: functions handed to Polly's own optimizer
+    polly: list[str] = field(default_factory=list)
+
+
+def run(src: Path, out: Path, work: Path, pipeline: str | None, edited: Mapping[str, dict] | None = None,
+        threads: int = 0, opt_level: int = 0, keep_jscop: Path | None = None, extra: Sequence[str] = (),
+        keep_unchanged: bool = False, keep_failed: Path | None = None) -> Result:
+    """Apply ``pipeline`` (None: the default policy; "": only ``edited``) to the SCoPs of ``src``."""
+    from polyml import passes
+    from polyml.passes import pipeline as P
+
+    edited = edited or {}
+    found = detect(src)
+    chosen: dict[str, str] = {}
+    for s in found.scops:
+        if pipeline is None:
+            chosen[s.file_name] = P.with_threads(P.choose(s.jscop).pipeline, threads)
+        elif pipeline:
+            chosen[s.file_name] = P.with_threads(pipeline, threads) if threads else pipeline
+    to_polly = sorted({s.function for s in found.scops if _is_polly(chosen.get(s.file_name, ""))})
+    parsed = {text: passes.parse_pipeline(text) for text in set(chosen.values())}
+
+    def rewrite(scop):
+        if scop.function in to_polly:
+            return None
+        start = edited.get(scop.file_name)
+        text = chosen.get(scop.file_name, "")
+        if start is None and not text:
+            return None
+        return passes.run(parsed.get(text, []), start if start is not None else scop.jscop)
+
+    found, new = exchange.transform(src, out, rewrite, work, opt_level=opt_level, keep_jscop=keep_jscop, extra=extra,
+                                    keep_unchanged=keep_unchanged, keep_failed=keep_failed, found=found)
+    if to_polly:
+        polly_optimize(out, to_polly, parallel=threads != 1 and any(
+            _polly_parallel(chosen[s.file_name]) for s in found.scops if s.function in to_polly), threads=threads)
+    pipelines = {k: v for k, v in chosen.items() if not any(s.file_name == k and s.function in to_polly for s in found.scops)}
+    pipelines.update({s.file_name: "polly" for s in found.scops if s.function in to_polly})
+    return Result(found, new, pipelines, to_polly)
+
+
+def _is_polly(text: str) -> bool:
+    from polyml.passes import split_pipeline
+
+    return bool(text) and any(name == "polly" for name, _ in split_pipeline(text))
+
+
+def _polly_parallel(text: str) -> bool:
+    from polyml.passes import split_pipeline
+
+    return all(opts.get("parallel", "1").lower() in ("1", "true", "yes") for name, opts in split_pipeline(text)
+               if name == "polly")
+
+
+def polly_flags(functions: list[str], parallel: bool, threads: int = 0) -> list[str]:
+    """``opt`` flags for Polly's own optimizer on ``functions`` (what ``clang -O3 -mllvm -polly``
+    runs, restricted to them)."""
+    out = ["-O3", "-polly", f"-polly-only-func={flags._function_regex(functions)}"]
+    if parallel:
+        out += ["-polly-parallel", "-polly-omp-backend=GNU", *([f"-polly-num-threads={threads}"] if threads > 1 else [])]
+    return out
+
+
+def polly_optimize(ll: Path, functions: list[str], parallel: bool, threads: int = 0) -> None:
+    """Run Polly's optimizer on ``functions`` of the IR file ``ll`` in place."""
+    tmp = ll.with_name(ll.name + ".polly.ll")
+    cmd = [tool("opt"), *polly_flags(functions, parallel, threads), str(ll), "-S", "-o", str(tmp)]
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    if proc.returncode != 0:
+        tail = "\n".join(proc.stderr.strip().splitlines()[-6:])
+        raise ToolchainError(f"Polly's optimizer failed (exit {proc.returncode}):\n{tail}\n  reproduce with: {shlex.join(cmd)}")
+    tmp.replace(ll)
+
+
+# -- --tune ----------------------------------------------------------------------------------------
+
+@dataclass
+class Trial:
+    pipeline: str
+    seconds: float | None  # best wall time of the runs; None: failed
+    error: str = ""
+
+
+def _has_main(ll: Path) -> bool:
+    return "main" in exchange.defined_functions(ll.read_text())
+
+
+def time_program(exe: Path, runs: int, threads: int, timeout: float) -> float:
+    """Best wall time of ``runs`` runs of ``exe`` (OMP_NUM_THREADS=threads when > 0)."""
+    env = dict(os.environ)
+    env.setdefault("GOMP_SPINCOUNT", "1000")
+    if threads > 0:
+        env["OMP_NUM_THREADS"] = str(threads)
+    best = float("inf")
+    for _ in range(runs):
+        t0 = time.perf_counter()
+        proc = subprocess.run([str(exe)], capture_output=True, env=env, timeout=timeout, cwd=exe.parent)
+        dt = time.perf_counter() - t0
+        if proc.returncode != 0:
+            raise ToolchainError(f"{exe.name} exited with {proc.returncode}: {proc.stderr.decode(errors='replace')[-300:]}")
+        best = min(best, dt)
+    return best
+
+
+def tune(src: Path, out: Path, variants: list[str], threads: int = 0, runs: int = 2, timeout: float = 120.0,
+         cflags: Sequence[str] = ("-O3", "-march=native"), log=None) -> tuple[Trial, list[Trial]]:
+    """Build ``src`` with each pipeline of ``variants`` (``polyml opt``, then clang with
+    ``cflags``), time the programs (``src`` needs a ``main``), keep the fastest as ``out``.
+    Also tried: the input without any transform (``none``), so tuning never loses to it."""
+    if not _has_main(src):
+        raise PolymlError(f"{src}: --tune runs the program: the IR needs a main function")
+    trials: list[Trial] = []
+    best: tuple[float, Path, Trial] | None = None
+    with tempfile.TemporaryDirectory(prefix="polyml-tune-") as tmp:
+        work = Path(tmp)
+        for i, text in enumerate(["none", *variants]):
+            ll, exe = work / f"v{i}.ll", work / f"v{i}"
+            try:
+                if text == "none":
+                    shutil.copy(src, ll)
+                else:
+                    run(src, ll, work / f"w{i}", text, threads=threads)
+                cmd = [tool("clang"), *cflags, str(ll), "-o", str(exe), "-lm", "-fopenmp=libgomp"]
+                proc = subprocess.run(cmd, capture_output=True, text=True)
+                if proc.returncode != 0:
+                    raise ToolchainError(f"clang failed: {proc.stderr.strip()[-300:]}")
+                secs = time_program(exe, runs, threads, timeout)
+                trial = Trial(text, secs)
+                if best is None or secs < best[0]:
+                    best = (secs, ll, trial)
+            except (PolymlError, subprocess.TimeoutExpired) as e:
+                trial = Trial(text, None, str(e).splitlines()[0][:300])
+            trials.append(trial)
+            if log:
+                log(trial)
+        if best is None:
+            raise PolymlError(f"{src}: no variant built and ran ({trials[0].error})")
+        shutil.copy(best[1], out)
+    return best[2], trials
+
+
+def write_choice(path: Path, chosen: Trial, trials: list[Trial], threads: int) -> None:
+    """The tuning record: every pipeline tried with its seconds, and the one kept."""
+    path.write_text(json.dumps({"chosen": asdict(chosen), "threads": threads, "trials": [asdict(t) for t in trials]},
+                               indent=1) + "\n")
