@@ -380,15 +380,22 @@ def _fold_constant_dequantize(g: Graph, report: QuantizationReport) -> None:
 
 
 def _report_float(g: Graph, report: QuantizationReport) -> None:
-    """Ops left computing in float on dequantized data or feeding a quantization."""
+    """Float ops on a path from a DequantizeLinear to a QuantizeLinear (the model asked for
+    them quantized; polyml computes them on dequantized floats), in graph order."""
     producers = g.producer_map()
     consumers = g.consumers()
+    after_dq: set[str] = set()  # nodes reachable from a DQ output
     for n in g.nodes:
-        if n.op_type in QDQ:
-            continue
-        from_dq = any((p := producers.get(t)) is not None and p.op_type == "DequantizeLinear" for t in n.inputs if t)
-        to_q = any(c.op_type == "QuantizeLinear" for o in n.outputs if o for c in consumers.get(o, []))
-        if from_dq or to_q:
+        if n.op_type == "DequantizeLinear" or any((p := producers.get(t)) is not None and p.name in after_dq
+                                                  and p.op_type != "QuantizeLinear" for t in n.inputs if t):
+            after_dq.add(n.name)
+    before_q: set[str] = set()  # nodes from which a Q is reachable
+    for n in reversed(g.nodes):
+        if n.op_type == "QuantizeLinear" or any(c.name in before_q and c.op_type != "DequantizeLinear"
+                                                for o in n.outputs if o for c in consumers.get(o, [])):
+            before_q.add(n.name)
+    for n in g.nodes:
+        if n.op_type not in QDQ and n.name in after_dq and n.name in before_q:
             entry = {"node": n.name, "op_type": n.op_type}
             if n.name in report.refused:
                 entry["why"] = report.refused[n.name]
