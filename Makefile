@@ -3,7 +3,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PYTEST_WORKERS ?= 2
 
-.PHONY: setup demo test test-fast lint bench lock dist docker clean
+.PHONY: setup demo test test-fast test-emulator lint bench lock dist docker clean
 
 setup:
 	@scripts/install.sh $(VENV)
@@ -16,6 +16,10 @@ test: setup
 
 test-fast: setup
 	$(PY) -m pytest -n $(PYTEST_WORKERS) -m "not slow and not nodesuite" tests
+
+# CUDA builds on the emulator beyond CI: the eight other light CNNs and the ONNX node suite (docs/GPU.md)
+test-emulator: setup
+	POLYML_EMULATOR_FULL=1 $(PY) -m pytest -n $(PYTEST_WORKERS) --durations=15 -m emulator_full tests/test_gpu_emulator.py tests/test_gpu_emulator_nodesuite.py
 
 lint: setup
 	$(VENV)/bin/ruff check polyml kernels passes scripts tests

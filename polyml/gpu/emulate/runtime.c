@@ -175,26 +175,28 @@ static int run_block_fibres(emu_run *r, emu_thread *ts, uint32_t nt, const uint3
             if (r->failed) return -1;
         }
         uint32_t waiting = 0, exited = 0;
-        int32_t site = -2;
-        int mismatch = 0;
-        emu_thread *first = NULL, *odd = NULL;
+        emu_thread *first = NULL, *done = NULL, *elsewhere = NULL;
         for (uint32_t i = 0; i < nt; i++) {
             emu_thread *t = &ts[i];
-            if (t->state == T_DONE) { exited++; if (!odd && waiting) odd = t; continue; }
+            if (t->state == T_DONE) {
+                exited++;
+                if (!done) done = t;
+                continue;
+            }
             waiting++;
             if (!first) first = t;
-            if (site == -2) site = t->site;
-            else if (t->site != site && !odd) { odd = t; mismatch = 1; }
+            else if (t->site != first->site && !elsewhere) elsewhere = t;
         }
         if (!waiting) return 0;
-        if (exited || mismatch) {
+        if (done || elsewhere) {
             emu_error *e = r->err;
-            e->kind = exited ? EMU_BARRIER_EXIT : EMU_BARRIER_MISMATCH;
+            emu_thread *odd = done ? done : elsewhere;
+            e->kind = done ? EMU_BARRIER_EXIT : EMU_BARRIER_MISMATCH;
             e->site = first->site;
             coords(first, e->thread, e->block);
-            if (!odd) for (uint32_t i = 0; i < nt && !odd; i++) if (ts[i].state == T_DONE) odd = &ts[i];
-            coords(odd, e->other, e->block);
-            e->other_site = odd->state == T_DONE ? -1 : odd->site;
+            uint32_t unused[3];
+            coords(odd, e->other, unused);
+            e->other_site = done ? -1 : odd->site;
             e->waiting = waiting;
             e->exited = exited;
             e->phase = phase;
