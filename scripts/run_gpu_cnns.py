@@ -8,13 +8,15 @@ host→device copy of the input and the device→host copy of the outputs.  Prin
 for docs/PERFORMANCE.md.
 
     python scripts/run_gpu_cnns.py [--models squeezenet,resnet50] [--repeat 20] [--sm sm_90] [--no-cpu]
-                                   [--shared-memory]
+                                   [--shared-memory] [--target cuda|cuda-emulated]
 
 ``--shared-memory`` also builds each model with shared-memory promotion and adds its latency
 (and error) as a column.
 
 Needs a CUDA device, its driver and ``pip install 'polyml[cuda]'``; without them it exits with
-status 2 and says what is missing before compiling anything.
+status 2 and says what is missing before compiling anything.  ``--target cuda-emulated`` runs
+the same builds' kernels on the CPU emulator instead (no device; no latencies, which would mean
+nothing: the table gives the error and the emulator's seconds per build variant).
 """
 
 from __future__ import annotations
@@ -54,7 +56,11 @@ def main() -> int:
     ap.add_argument("--sm", default="sm_90")
     ap.add_argument("--no-cpu", dest="cpu", action="store_false", help="skip the CPU build")
     ap.add_argument("--shared-memory", action="store_true", help="also run the build with shared-memory promotion")
+    ap.add_argument("--target", choices=["cuda", "cuda-emulated"], default="cuda",
+                    help="cuda-emulated: run the kernels on the CPU emulator (correctness only)")
     args = ap.parse_args()
+    if args.target == "cuda-emulated":
+        return emulated(args)
     try:
         require_device()
     except PolymlError as e:
@@ -107,6 +113,53 @@ def main() -> int:
         cpu = "-" if c is None else f"{c:.2f}"
         smem = "-" if sm is None else f"{sm:.2f}"
         print(f"| {name} | {nk} | {bs:.1f} | {g:.2f} | {smem} | {cpu} | {o:.2f} | {err:.1e}{'' if ok else ' ✗'} |")
+    return 1 if failures else 0
+
+
+def emulated(args: argparse.Namespace) -> int:
+    """The builds' kernels on the emulator: error vs onnxruntime and emulator seconds per variant."""
+    from polyml.gpu.emulate import EmulatedModel
+
+    rows = []
+    failures = 0
+    with tempfile.TemporaryDirectory(prefix="polyml-emu-cnns-") as tmp:
+        work = Path(tmp)
+        for name in args.models.split(","):
+            model = expose_logits(randomize_weights(onnx.load(str(light_model_path(name))), seed=0))
+            path = work / f"{name}.onnx"
+            onnx.save(model, path)
+            feeds = random_inputs(model)
+            import onnxruntime as ort
+
+            sess = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+            ref = dict(zip([o.name for o in sess.get_outputs()], sess.run(None, feeds)))
+            for smem in (False, True) if args.shared_memory else (False,):
+                out = work / f"{name}.{'smem' if smem else 'plain'}"
+                t0 = time.perf_counter()
+                m = build_cuda_artifact(read_graph(path), out, sm=args.sm, shared_memory=smem, ptx=False)
+                build_s = time.perf_counter() - t0
+                t0 = time.perf_counter()
+                emu = EmulatedModel(out)
+                compile_s = time.perf_counter() - t0
+                t0 = time.perf_counter()
+                try:
+                    got = emu.run(feeds)
+                    err = max(rel_error(got[k], ref[k]) for k in ref)
+                except PolymlError as e:
+                    print(f"{name}: {e}", file=sys.stderr)
+                    err = float("inf")
+                run_s = time.perf_counter() - t0
+                ok = err <= 1e-3
+                failures += not ok
+                rows.append((name, smem, len(m["kernels"]), m["shared_memory_kernels"], build_s, compile_s, run_s, err, ok))
+                print(f"{name} shared-memory {'on' if smem else 'off'}: max rel error {err:.2e} "
+                      f"{'ok' if ok else 'MISMATCH'}, build {build_s:.0f} s, emulator compile {compile_s:.0f} s, "
+                      f"run {run_s:.1f} s", file=sys.stderr, flush=True)
+    print("| model | shared memory | kernels (shared) | build s | emulator compile s | emulator run s | max rel err |")
+    print("|---|---|---:|---:|---:|---:|---:|")
+    for name, smem, nk, ns, bs, cs, rs, err, ok in rows:
+        print(f"| {name} | {'on' if smem else 'off'} | {nk} ({ns}) | {bs:.0f} | {cs:.0f} | {rs:.1f} | "
+              f"{err:.1e}{'' if ok else ' ✗'} |")
     return 1 if failures else 0
 
 
