@@ -53,6 +53,9 @@ def _add_build_options(p: argparse.ArgumentParser, outputs_flag: str = "--output
                    help="build even when the compile cache has this build (see `polyml cache`)")
     p.add_argument("--import-jscop", metavar="DIR", default="",
                    help="import the hand-edited JSCoP files in DIR (from --emit jscop), legality-checked first")
+    p.add_argument("--passes", default="", metavar="PIPELINE",
+                   help="JSCoP pass pipeline for the SCoPs of op functions with policy polly/tile, legality-checked "
+                        "('default': polyml opt's pipeline; recorded in the manifest)")
 
 
 def _compile(args: argparse.Namespace, model: Path, outdir: Path, emit: list[str]):
@@ -63,7 +66,8 @@ def _compile(args: argparse.Namespace, model: Path, outdir: Path, emit: list[str
     return polyml_compile(model, outdir, input_shapes=shapes, outputs=outputs, emit=emit, polly=args.polly, fuse=args.fuse,
                           attention=getattr(args, "fuse_attention", True), threads=args.threads, tile_sizes=getattr(args, "tile_sizes", "auto"), gemm=getattr(args, "gemm", "packed"),
                           conv=getattr(args, "conv", "auto"), cache=getattr(args, "cache", None),
-                          import_jscop=str(Path(args.import_jscop).resolve()) if getattr(args, "import_jscop", "") else "")
+                          import_jscop=str(Path(args.import_jscop).resolve()) if getattr(args, "import_jscop", "") else "",
+                          passes=getattr(args, "passes", "") or "")
 
 
 def cmd_build(args: argparse.Namespace) -> int:

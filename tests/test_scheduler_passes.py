@@ -238,3 +238,28 @@ def test_tune_keeps_the_fastest(suite, capsys) -> None:
     assert record["chosen"]["seconds"] == min(t["seconds"] for t in tried)
     assert out.read_text().startswith("; ModuleID")
     assert "kept" in capsys.readouterr().out
+
+
+def test_build_passes_applies_a_pipeline_and_records_it(tmp_path) -> None:
+    """``polyml build MODEL --passes P``: the pipeline runs on the op functions' SCoPs (the Gemm's
+    plain nests with ``--gemm polly``), legality-checked, imported, recorded in the manifest."""
+    import numpy as np
+
+    import polyml
+    from tests.test_scop_workflow import gemm_model
+
+    model = tmp_path / "gemm.onnx"
+    feeds, expected = gemm_model(model)
+    pipeline = "schedule,tile{sizes=8,8,8},parallel,vectorize{width=1}"
+    assert main(["build", str(model), "-o", str(tmp_path / "a"), "--gemm", "polly", "--passes", pipeline,
+                 "--no-cache"]) == 0
+    man = json.loads((tmp_path / "a" / "manifest.json").read_text())
+    assert man["options"]["passes"] == pipeline
+    assert [p["name"] for p in man["passes"]] == ["schedule", "tile", "parallel", "vectorize"]
+    assert man["passes"][1]["options"]["sizes"] == [8, 8, 8]
+    (staged,) = (tmp_path / "a" / "jscop-imported").glob("*.jscop")
+    assert "floor((i0)/8)" in staged.read_text() and sched.META not in json.loads(staged.read_text())
+    got = polyml.load(tmp_path / "a").run(feeds)["y"]
+    np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-5)
+    with pytest.raises(PassError, match="unknown pass 'nosuch'"):
+        polyml.compile(model, tmp_path / "b", gemm="polly", passes="nosuch", cache=False)

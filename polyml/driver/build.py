@@ -181,7 +181,7 @@ def build_artifact(
             path.write_text(str(m))
             sources[name] = path
         seconds["emit"] = time.perf_counter() - t0
-        scop_imports = _stage_jscop_imports(options, sources, out, seconds)
+        scop_imports = _stage_jscop_imports(options, sources, out, seconds, {s.function: s.policy for s in lowered.steps})
 
         def optimize(name: str) -> tuple[Path, float]:
             t = time.perf_counter()
@@ -192,8 +192,8 @@ def build_artifact(
             src, imported = sources[name], scop_imports.functions.get(name, []) if scop_imports else []
             if imported:  # Polly imports the edited schedules first; the policy pipeline keeps them
                 src = work / f"{name}.scop.ll"
-                cmd = [tool("opt"), *flags.scop_import_flags(str(scop_imports.stage.resolve()), imported), sources[name].name,
-                       "-S", "-o", str(src)]
+                cmd = [tool("opt"), *flags.scop_import_flags(str(scop_imports.stage.resolve()), imported),
+                       *scop_imports.extra.get(name, []), sources[name].name, "-S", "-o", str(src)]
                 run_tool(cmd, out, [sources[name]], f"JSCoP import ({name})", cwd=work)
             cmd = [tool("opt"), *flags.opt_flags(policy, options), *flags.ignore_functions_flags(imported), src.name,
                    "-S", "-o", str(dst)]
@@ -249,10 +249,12 @@ def _check_jscop_folder(options: flags.Options, out: Path) -> None:
                           "build replaces; copy the edited files elsewhere first (e.g. cp -r ART/jscop edits)")
 
 
-def _stage_jscop_imports(options: flags.Options, sources: dict[str, Path], out: Path, seconds: dict) -> Imports | None:
-    """``--import-jscop``: check the edited JSCoPs (same SCoPs, legal schedules) and stage them
-    in the artifact's ``jscop-imported/`` (:mod:`polyml.scop.exchange`); None without it."""
-    if not options.import_jscop:
+def _stage_jscop_imports(options: flags.Options, sources: dict[str, Path], out: Path, seconds: dict,
+                         policies: dict[str, str] | None = None) -> Imports | None:
+    """``--import-jscop`` / ``--passes``: check the edited JSCoPs, or the pipeline's results
+    (same SCoPs, legal schedules) and stage them in the artifact's ``jscop-imported/``
+    (:mod:`polyml.scop.exchange`); None without either.  Edited files win over the pipeline."""
+    if not options.import_jscop and not options.passes:
         return None
     from polyml.scop import exchange
 
@@ -260,9 +262,33 @@ def _stage_jscop_imports(options: flags.Options, sources: dict[str, Path], out: 
     stage = out / JSCOP_IMPORTED
     shutil.rmtree(stage, ignore_errors=True)
     ops = {k: p for k, p in sources.items() if k != "entry"}
-    imports = exchange.stage_imports(exchange.load_dir(options.import_jscop), ops, stage)
+    edited = exchange.load_dir(options.import_jscop) if options.import_jscop else {}
+    detected = None
+    if options.passes:
+        from polyml.scop.optimize import pipeline_jscops
+
+        found, piped = pipeline_jscops(ops, options.passes, policies or {}, options.threads)
+        edited = {**piped, **edited}
+        detected = found
+        seconds["jscop passes"] = time.perf_counter() - t0
+    imports = exchange.stage_imports(edited, ops, stage, detected)
+    if options.parallel and options.threads != 1:
+        for module, fns in imports.functions.items():
+            asks = [edited[n] for n in edited if n.split(exchange.J.SEPARATOR, 1)[0] in fns]
+            imports.extra[module] = exchange.parallel_flags(asks)
     seconds["jscop import check"] = time.perf_counter() - t0
     return imports
+
+
+def _passes_record(text: str) -> list[dict]:
+    if not text:
+        return []
+    if text == "default":
+        return [{"name": "default", "options": {}}]
+    from polyml.passes import parse_pipeline
+
+    return [{"name": p.name, "options": {k: list(v) if isinstance(v, tuple) else v for k, v in p.options().items()}}
+            for p in parse_pipeline(text)]
 
 
 def _manifest(graph: Graph, lowered: LoweredModel, options: flags.Options, model_sha256: str, seconds: dict, out: Path) -> dict:
@@ -279,7 +305,8 @@ def _manifest(graph: Graph, lowered: LoweredModel, options: flags.Options, model
         "opt_flags": {p: flags.opt_flags(p, options) for p in sorted({k.split(".")[0] for k in lowered.modules})},
         "llc_flags": flags.llc_flags(),
         "link_flags": flags.link_flags(),
-        "passes": [],  # polyml's JSCoP passes in order, each {"name": ..., "options": {...}}
+        # polyml's JSCoP passes in order, each {"name": ..., "options": {...}} (--passes)
+        "passes": _passes_record(options.passes),
         "inputs": [{"name": n, "shape": list(t.shape), "dtype": t.dtype} for n, t in lowered.inputs.items()],
         "outputs": [{"name": n, "shape": list(t.shape), "dtype": t.dtype} for n, t in lowered.outputs.items()],
         "slots": [s.to_json() for s in lowered.slots],

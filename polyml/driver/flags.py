@@ -105,6 +105,9 @@ class Options:
     extra_opt_flags: tuple[str, ...] = field(default_factory=tuple)
     #: a folder of hand-edited JSCoP files to import (``--import-jscop``, :mod:`polyml.scop.exchange`)
     import_jscop: str = ""
+    #: polyml's JSCoP pass pipeline on the SCoPs of every op function whose policy is ``polly``
+    #: or ``tile`` (``--passes``; ``default``: ``polyml opt``'s per-SCoP policy), legality-checked
+    passes: str = ""
     #: cache tiling of the fused nests (:mod:`polyml.codegen.tiling`): ``auto`` (host caches),
     #: ``off``, or ``l1=48K,l2=2M,conv=1M``
     tile_sizes: str = "auto"

@@ -63,6 +63,8 @@ class Imports:
     functions: dict[str, list[str]] = field(default_factory=dict)
     #: user file name → digest of what was imported
     files: dict[str, str] = field(default_factory=dict)
+    #: module name → extra import flags (Polly's OpenMP code where a pass asked for it)
+    extra: dict[str, list[str]] = field(default_factory=dict)
 
 
 def stage_imports(edited: Mapping[str, dict], sources: Mapping[str, Path], stage: Path,

@@ -182,3 +182,50 @@ def write_choice(path: Path, chosen: Trial, trials: list[Trial], threads: int) -
     """The tuning record: every pipeline tried with its seconds, and the one kept."""
     path.write_text(json.dumps({"chosen": asdict(chosen), "threads": threads, "trials": [asdict(t) for t in trials]},
                                indent=1) + "\n")
+
+
+# -- polyml build --passes -------------------------------------------------------------------------
+
+#: op-function policies whose SCoPs ``polyml build --passes`` transforms (``off``: nests too
+#: small or memory-bound for a schedule change to pay, kept as plain -O3)
+PASS_POLICIES = ("polly", "tile")
+
+
+def _policy(function: str, policies: Mapping[str, str]) -> str:
+    name = function
+    while name not in policies and "." in name:
+        name = name.rsplit(".", 1)[0]
+    return policies.get(name, "")
+
+
+def pipeline_jscops(sources: Mapping[str, Path], text: str, policies: Mapping[str, str],
+                    threads: int = 0) -> tuple[dict[str, Detection], dict[str, dict]]:
+    """The SCoPs of the modules ``sources`` (``{module: IR file}``) detected, and the pipeline
+    ``text`` (``default``: the default policy per SCoP) applied to those of functions whose
+    policy is in :data:`PASS_POLICIES`: ``({module: detection}, {JSCoP file: new JSCoP})`` with
+    only the SCoPs whose schedule changed (SCoPs left to Polly stay with the policy's Polly)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from polyml import passes
+    from polyml.passes import pipeline as P
+    from polyml.scop import importable
+
+    names = list(sources)
+    with ThreadPoolExecutor(max_workers=max(1, os.cpu_count() or 1)) as pool:
+        found = dict(zip(names, pool.map(lambda m: detect(sources[m]), names)))
+    parsed: dict[str, list] = {}
+    out: dict[str, dict] = {}
+    for det in found.values():
+        for s in det.scops:
+            if _policy(s.function, policies) not in PASS_POLICIES:
+                continue
+            chosen = P.choose(s.jscop).pipeline if text == "default" else text
+            chosen = P.with_threads(chosen, threads) if threads else chosen
+            if _is_polly(chosen):
+                continue
+            if chosen not in parsed:
+                parsed[chosen] = passes.parse_pipeline(chosen)
+            new = passes.run(parsed[chosen], s.jscop)
+            if not importable.same_schedules(s.jscop, new):
+                out[s.file_name] = new
+    return found, out
