@@ -16,7 +16,8 @@ Models (``--models``, comma separated; default all):
     bert            /work/models/bert.onnx (scripts/make_models.py) with quantize_dynamic
     fixtures        tiny nets for CI under tests/fixtures/onnx (``--fixtures DIR``): a QDQ conv
                     net (conv+relu, max pool, residual add, concat, global average pool, flatten,
-                    gemm), a QDQ matmul net and a dynamically quantized MLP
+                    gemm), the same net in the QOperator format, a QDQ matmul net and a dynamically
+                    quantized MLP
 
 Outputs, per model NAME (``--out``, default /work/models; fixtures to ``--fixtures``)::
 
@@ -24,6 +25,7 @@ Outputs, per model NAME (``--out``, default /work/models; fixtures to ``--fixtur
     NAME_int8.inputs.npz     seeded inputs (not the calibration data)
     NAME_int8.ref.npz        onnxruntime's outputs of the quantized model, and under ``fp32:<name>``
                              those of the float model (to show how far int8 is from fp32)
+    NAME_fp32.onnx           the float model that was quantized (CNNs; for int8-vs-fp32 benchmarks)
 
 torchvision models need PyTorch (``/work/torchenv/bin/python``, see scripts/make_models.py); the
 others only onnx and onnxruntime::
@@ -119,7 +121,8 @@ class Calibration:
         self.pos = 0
 
 
-def quantize_static_qdq(model: onnx.ModelProto, calib: int, preprocess: bool = True) -> onnx.ModelProto:
+def quantize_static_qdq(model: onnx.ModelProto, calib: int, preprocess: bool = True, qoperator: bool = False,
+                        op_types: list[str] | None = None) -> onnx.ModelProto:
     from onnxruntime.quantization import CalibrationDataReader, QuantFormat, QuantType, quantize_static
     from onnxruntime.quantization.shape_inference import quant_pre_process
 
@@ -137,8 +140,10 @@ def quantize_static_qdq(model: onnx.ModelProto, calib: int, preprocess: bool = T
             quant_pre_process(str(src), str(pre), skip_symbolic_shape=True)
         else:
             pre = src
-        quantize_static(str(pre), str(dst), Reader(Calibration(model, calib)), quant_format=QuantFormat.QDQ,
-                        per_channel=True, activation_type=QuantType.QUInt8, weight_type=QuantType.QInt8)
+        fmt = QuantFormat.QOperator if qoperator else QuantFormat.QDQ
+        quantize_static(str(pre), str(dst), Reader(Calibration(model, calib)), quant_format=fmt,
+                        per_channel=True, activation_type=QuantType.QUInt8, weight_type=QuantType.QInt8,
+                        op_types_to_quantize=op_types)
         return onnx.load(str(dst))
 
 
@@ -168,9 +173,12 @@ def rel_err(ref: np.ndarray, got: np.ndarray) -> float:
     return d / scale if scale > 0 else d
 
 
-def save(name: str, out: Path, qmodel: onnx.ModelProto, fmodel: onnx.ModelProto | None, feeds: dict[str, np.ndarray]) -> None:
+def save(name: str, out: Path, qmodel: onnx.ModelProto, fmodel: onnx.ModelProto | None, feeds: dict[str, np.ndarray],
+         keep_float: bool = False) -> None:
     out.mkdir(parents=True, exist_ok=True)
     onnx.save(qmodel, str(out / f"{name}_int8.onnx"))
+    if keep_float and fmodel is not None:  # the float model, for polyml bench int8 vs fp32
+        onnx.save(fmodel, str(out / f"{name}_fp32.onnx"))
     np.savez(out / f"{name}_int8.inputs.npz", **feeds)
     ref = ort_run(qmodel, feeds)
     extra = {}
@@ -248,6 +256,11 @@ def tiny_matmul_net(dynamic: bool = False) -> onnx.ModelProto:
 def make_fixtures(out: Path, calib: int) -> None:
     conv = tiny_conv_net()
     save("tiny_conv", out, quantize_static_qdq(conv, calib, preprocess=False), conv, {"input": _image(1, (1, 3, 16, 16))})
+    # the same net in onnxruntime's QOperator format: QLinearConv, com.microsoft QLinearAdd/Concat/... as emitted
+    # (its Gemm would be com.microsoft.QGemm, which polyml does not take: left in float)
+    qop = ["Conv", "Add", "Concat", "GlobalAveragePool", "MaxPool", "Flatten"]
+    save("tiny_conv_qop", out, quantize_static_qdq(conv, calib, preprocess=False, qoperator=True, op_types=qop), conv,
+         {"input": _image(1, (1, 3, 16, 16))})
     mm = tiny_matmul_net()
     feeds = {"input": _image(2, (1, 8, 32))}
     save("tiny_matmul", out, quantize_static_qdq(mm, calib, preprocess=False), mm, feeds)
@@ -268,11 +281,11 @@ def main(argv=None) -> int:
     for name in args.models.split(","):
         if name in ("resnet18", "mobilenet_v2"):
             f = torchvision_model(name)
-            save(name, args.out, quantize_static_qdq(f, args.calib), f, {"input": _image(1)})
+            save(name, args.out, quantize_static_qdq(f, args.calib), f, {"input": _image(1)}, keep_float=True)
         elif name == "resnet50":
             f = light_resnet50()
             feeds = {f.graph.input[0].name: _image(1)}
-            save(name, args.out, quantize_static_qdq(f, args.calib), f, feeds)
+            save(name, args.out, quantize_static_qdq(f, args.calib), f, feeds, keep_float=True)
         elif name == "bert":
             feeds = dict(np.load(args.bert.with_suffix(".inputs.npz")))
             save(name, args.out, quantize_dynamic_model(args.bert), onnx.load(str(args.bert)), feeds)

@@ -180,16 +180,17 @@ def test_unsupported_quantization_types_are_refused() -> None:
 FIXTURES = Path(__file__).parent / "fixtures" / "onnx"
 
 
-@pytest.mark.parametrize("stem", ["tiny_conv_int8", "tiny_matmul_int8", "tiny_matmul_dynamic_int8"])
+@pytest.mark.parametrize("stem", ["tiny_conv_int8", "tiny_matmul_int8", "tiny_matmul_dynamic_int8", "tiny_conv_qop_int8"])
 def test_quantized_fixture_through_the_cli(stem: str, tmp_path, capsys) -> None:
-    """onnxruntime's quantize_static (QDQ, per channel) and quantize_dynamic nets through
-    ``polyml build`` / ``polyml run``: outputs equal onnxruntime's int8 result (ref.npz)."""
+    """onnxruntime's quantize_static (QDQ, per channel; QOperator with com.microsoft ops) and
+    quantize_dynamic nets through ``polyml build`` / ``polyml run``: outputs equal onnxruntime's
+    int8 result (ref.npz)."""
     art, out = tmp_path / "art", tmp_path / "out.npz"
     assert cli.main(["build", str(FIXTURES / f"{stem}.onnx"), "-o", str(art), "--no-cache"]) == 0
     printed = capsys.readouterr().err
     manifest = json.loads((art / "manifest.json").read_text())
     q = manifest["quantization"]
-    if stem != "tiny_matmul_dynamic_int8":  # QDQ models: every sandwich became an integer op
+    if stem in ("tiny_conv_int8", "tiny_matmul_int8"):  # QDQ models: every sandwich became an integer op
         assert q["summary"] in printed and q["ran_in_float"] == [] and len(q["integer"]) >= 8
         assert not {"Conv", "MatMul", "Gemm"} & {f["op_type"] for f in manifest["functions"]}
     assert cli.main(["run", str(art), "--inputs", str(FIXTURES / f"{stem}.inputs.npz"), "--outputs", str(out)]) == 0
