@@ -218,7 +218,7 @@ class _IntegerConv(Kernel):
     def temps(self, node: Node, ins: list[Operand | None], outs: list[TensorType]) -> list[TensorType]:
         if self.use_gemm(node, ins):
             units, mg, p, kk, _ = self._gemm_dims(node, ins)
-            t = [TensorType((units * mg, p), "int32"),
+            t = [TensorType((units * mg, p) if igemm.needs_c(kk) else (1,), "int32"),
                  TensorType((-(-igemm.scratch_size(units, mg, p, kk) // 4),), "int32")]
             win = self.geometry(node, ins)[0]
             flat = _Flat.of(win)
@@ -332,7 +332,7 @@ class _IntegerConv(Kernel):
 
         spec = igemm.IGemmSpec(mg, ncols, kk, None, None, len(operands), ins[self.W].type.dtype == "int8", x_signed,
                                epilogue, pack_x=pack_x, prepacked_w=True)
-        igemm.emit(k, spec, operands, c_temp, scratch, batch=(n_, group), strides=strides)
+        igemm.emit(k, spec, operands, c_temp if igemm.needs_c(kk) else None, scratch, batch=(n_, group), strides=strides)
         if cropped:  # y[n][m][oh][ow] = y_flat[n][m][oh·Wq + ow]: row copies
             src = _view(k, y_flat, (n_ * m_all, ncols))
             dst = _view(k, y, (n_ * m_all, *win.out))

@@ -127,7 +127,8 @@ class _IntegerProduct(Kernel):
         rows, n, kk = dims
         blk = igemm.blocking_for_host()
         cor = self.corrections(node, ins, n, kk, blk)
-        t = [TensorType((n, rows), "int32"), TensorType((-(-igemm.scratch_size(1, n, rows, kk) // 4),), "int32")]
+        t = [TensorType((n, rows) if igemm.needs_c(kk) else (1,), "int32"),
+             TensorType((-(-igemm.scratch_size(1, n, rows, kk) // 4),), "int32")]
         if not cor.constant_rb:
             t.append(TensorType((n,), "int32"))
         if cor.needs_cx:
@@ -209,7 +210,7 @@ class _IntegerProduct(Kernel):
         spec = igemm.IGemmSpec(n, rows, kk, None if prepacked else igemm.matrix_loader(0, n, transposed=True),
                                igemm.matrix_loader(1, kk, transposed=True), len(operands), b_dtype == "int8",
                                a_dtype == "int8", epilogue, prepacked_w=prepacked, epilogue_cols_outer=True)
-        igemm.emit(k, spec, operands, c, scratch)
+        igemm.emit(k, spec, operands, c if igemm.needs_c(kk) else None, scratch)
 
     def _nests(self, k: KernelBuilder, ins: list[Operand | None]) -> None:
         """``acc[β][i][j] += (A - zA)(B - zB[j])`` (loops β, i, k, j), then the output."""

@@ -108,13 +108,22 @@ class IBlocking:
         return (0 if w_signed else -128), (128 if x_signed else 0)
 
 
+#: the reduction block: ResNet's largest 3x3 reduction (512 channels · 9 taps), so that the
+#: products of CNNs run in one block and each register tile goes from the micro-kernel to the
+#: epilogue through a stack tile, never through a C array in memory (mobilenet_v2's 1x1
+#: 16 -> 96 conv at 112x112: a 4.8 MB int32 C written and read back took 2/3 of its time).
+#: Both panels of a step then come from L2 (12x4608 and 4608x32 bytes), 7 bytes per cycle of
+#: the micro-kernel's 24 vpdpbusd, well within L2's bandwidth.
+KC_MAX = 4608
+
+
 def host_iblocking(features: str, l1: int = 32 << 10, l2: int = 1 << 20, variant: str | None = None) -> IBlocking:
     """The integer blocking for a CPU with these LLVM target features and cache sizes.
 
     AVX-512: 12 × 32 (24 zmm accumulators, two X vectors, one broadcast), ``vnni`` where the
     CPU has ``avx512vnni``, else ``madd``; AVX2: 6 × 16 ``madd``; otherwise 4 × 8 ``madd`` on
-    4 lanes.  ``kc`` (a multiple of 4) sizes one ``kc × nr`` X micro-panel to half of L1,
-    ``mc`` the W block to a quarter of L2, ``nc`` the X block to half of it."""
+    4 lanes.  ``kc`` is :data:`KC_MAX`, ``mc`` sizes the W block to half of L2, ``nc`` the
+    X block to four times L2 (it is re-read per ``mc`` block, from L3)."""
     has = set(features.split(","))
     if "+avx512f" in has and "+avx512bw" in has:
         mr, nr, w = 12, 32, 16
@@ -125,9 +134,9 @@ def host_iblocking(features: str, l1: int = 32 << 10, l2: int = 1 << 20, variant
     if variant is None:
         variant = "vnni" if w == 16 and "+avx512vnni" in has else "madd"
     eb = 1 if variant == "vnni" else 2
-    kc = max(64, min(1024, l1 // 2 // (eb * nr) // 16 * 16))
-    mc = max(mr, min(480, (l2 // 4) // (eb * kc) // mr * mr))
-    nc = max(nr, min(4096, (l2 // 2) // (eb * kc) // nr * nr))
+    kc = KC_MAX
+    mc = max(mr, min(480, (l2 // 2) // (eb * kc) // mr * mr))
+    nc = max(nr, min(4096, (l2 * 4) // (eb * kc) // nr * nr))
     return IBlocking(mr, nr, w, mc, kc, nc, variant)
 
 
@@ -526,6 +535,7 @@ def block_function(module: ir.Module, name: str, spec: IGemmSpec, blk: IBlocking
     mr, nr, g = blk.mr, blk.nr, blk.group
     eptr = blk.elem.as_pointer()
     kc_block = block_kc(spec, blk)
+    single = kc_block >= spec.k  # one reduction block: no C array
     mc_pad = _round_up(min(blk.mc, spec.m), mr)
     tile = b.bitcast(scratch, I32P)
     w_pack = b.bitcast(b.gep(scratch, [_c(_round_up(4 * mr * nr, 64))], inbounds=True), eptr)
@@ -575,27 +585,49 @@ def block_function(module: ir.Module, name: str, spec: IGemmSpec, blk: IBlocking
                         wp = b.bitcast(b.gep(w_block, [b.mul(ir_, kcp)], inbounds=True), I32P)
                         i0 = b.add(ic, ir_)
                         j0 = b.add(jc, jr)
-                        full = b.and_(b.icmp_signed("==", rows, _c(mr)), b.icmp_signed("==", cols, _c(nr)))
-                        with b.if_else(full) as (then, otherwise):
-                            with then:
-                                b.call(ukernel, [kq, wp, xp, c_addr(i0, j0), ldc, b.not_(first)])
-                            with otherwise:
-                                b.call(ukernel, [kq, wp, xp, tile, _c(nr), ir.Constant(ir.IntType(1), 0)])
-                                with for_range(b, 0, rows, name="edge.r") as r:
-                                    with for_range(b, 0, cols, name="edge.c") as cc:
-                                        t = b.load(b.gep(tile, [b.add(b.mul(r, _c(nr)), cc)], inbounds=True))
-                                        dst = c_addr(b.add(i0, r), b.add(j0, cc))
-                                        old = b.select(first, ir.Constant(I32, 0), b.load(dst))
-                                        b.store(b.add(old, t), dst)
-                        with b.if_then(last):
-                            outer, inner = (cols, rows) if spec.epilogue_cols_outer else (rows, cols)
-                            with for_range(b, 0, outer, name="epi.o") as o:
-                                with for_range(b, 0, inner, name="epi.i") as n_:
-                                    r, cc = (n_, o) if spec.epilogue_cols_outer else (o, n_)
-                                    i, j = b.add(i0, r), b.add(j0, cc)
-                                    spec.epilogue(b, ops, i, j, b.load(c_addr(i, j)))
+                        if single:  # the whole reduction in one call: through the stack tile
+                            b.call(ukernel, [kq, wp, xp, tile, _c(nr), ir.Constant(ir.IntType(1), 0)])
+                            _tile_epilogue(b, spec, ops, i0, j0, rows, cols,
+                                           lambda r, cc: b.gep(tile, [b.add(b.mul(r, _c(nr)), cc)], inbounds=True))
+                        else:
+                            _accumulate_tile(b, ukernel, kq, wp, xp, tile, c_addr, i0, j0, rows, cols, first, last, ldc,
+                                             spec, ops, blk)
     b.ret_void()
     return fn
+
+
+def _tile_epilogue(b: ir.IRBuilder, spec: IGemmSpec, ops: Sequence[ir.Value], i0: ir.Value, j0: ir.Value,
+                   rows: ir.Value, cols: ir.Value, acc_at: Callable[[ir.Value, ir.Value], ir.Value]) -> None:
+    """The epilogue over a tile's ``rows × cols`` accumulators (columns innermost, or rows
+    with ``epilogue_cols_outer``); ``acc_at(r, c)`` addresses one."""
+    outer, inner = (cols, rows) if spec.epilogue_cols_outer else (rows, cols)
+    with for_range(b, 0, outer, name="epi.o") as o:
+        with for_range(b, 0, inner, name="epi.i") as n_:
+            r, cc = (n_, o) if spec.epilogue_cols_outer else (o, n_)
+            spec.epilogue(b, ops, b.add(i0, r), b.add(j0, cc), b.load(acc_at(r, cc)))
+
+
+def _accumulate_tile(b: ir.IRBuilder, ukernel: ir.Function, kq: ir.Value, wp: ir.Value, xp: ir.Value, tile: ir.Value,
+                     c_addr: Callable[[ir.Value, ir.Value], ir.Value], i0: ir.Value, j0: ir.Value, rows: ir.Value,
+                     cols: ir.Value, first: ir.Value, last: ir.Value, ldc: ir.Value, spec: IGemmSpec,
+                     ops: Sequence[ir.Value], blk: IBlocking) -> None:
+    """Several reduction blocks: the tile accumulates in C (whole tiles in place, edge tiles
+    through the stack tile), the epilogue reads C after the last block."""
+    mr, nr = blk.mr, blk.nr
+    full = b.and_(b.icmp_signed("==", rows, _c(mr)), b.icmp_signed("==", cols, _c(nr)))
+    with b.if_else(full) as (then, otherwise):
+        with then:
+            b.call(ukernel, [kq, wp, xp, c_addr(i0, j0), ldc, b.not_(first)])
+        with otherwise:
+            b.call(ukernel, [kq, wp, xp, tile, _c(nr), ir.Constant(ir.IntType(1), 0)])
+            with for_range(b, 0, rows, name="edge.r") as r:
+                with for_range(b, 0, cols, name="edge.c") as cc:
+                    t = b.load(b.gep(tile, [b.add(b.mul(r, _c(nr)), cc)], inbounds=True))
+                    dst = c_addr(b.add(i0, r), b.add(j0, cc))
+                    old = b.select(first, ir.Constant(I32, 0), b.load(dst))
+                    b.store(b.add(old, t), dst)
+    with b.if_then(last):
+        _tile_epilogue(b, spec, ops, i0, j0, rows, cols, lambda r, cc: c_addr(b.add(i0, r), b.add(j0, cc)))
 
 
 # -- emission from an op function -----------------------------------------------------------
@@ -646,7 +678,13 @@ def scratch_size(count: int, m: int, n: int, k: int, parallel: bool = True) -> i
     return p.slots * p.per
 
 
-def emit(k: KernelBuilder, spec: IGemmSpec, operands: Sequence[Buffer], c: Buffer, scratch: Buffer,
+def needs_c(k: int, blk: IBlocking | None = None) -> bool:
+    """Whether a product with this reduction needs an int32 C array (more than one block)."""
+    blk = blk or blocking_for_host()
+    return kc_for(k, blk) < k
+
+
+def emit(k: KernelBuilder, spec: IGemmSpec, operands: Sequence[Buffer], c: Buffer | None, scratch: Buffer,
          batch: Sequence[int] = (), strides: Sequence[Sequence[int]] = ()) -> None:
     """``C[β] = W[β] · X[β]`` (then the epilogue) for every index β of the ``batch`` shape,
     ``strides[x][d]`` the element stride of batch dim ``d`` in operand ``x`` (C last; 0 where
@@ -661,12 +699,15 @@ def emit(k: KernelBuilder, spec: IGemmSpec, operands: Sequence[Buffer], c: Buffe
     k.nests += 1
     units = count * p.shares
     total = spec.m if p.dim == "m" else spec.n
+    if c is None and needs_c(spec.k, p.blk):
+        raise AssertionError(f"{k.node.label}: K={spec.k} takes several blocks, the product needs a C array")
     widths = [_elem_bytes(buf) for buf in operands] + [4]
     with k.parallel_loop(0, p.slots, "igemm") as slot:
         b = k.b
         lo = b.sdiv(b.mul(slot, _c(units)), _c(p.slots))
         hi = b.sdiv(b.mul(b.add(slot, _c(1)), _c(units)), _c(p.slots))
-        bases = [b.bitcast(buf.ptr, I8P) for buf in (*operands, c)]
+        bases = [b.bitcast(buf.ptr, I8P) for buf in operands]
+        bases.append(b.bitcast(c.ptr, I8P) if c is not None else ir.Constant(I8P, None))
         work = b.gep(b.bitcast(scratch.ptr, I8P), [b.mul(slot, _c(p.per))], inbounds=True)
         with for_range(b, lo, hi, name="unit") as u:
             rest, part = b.udiv(u, _c(p.shares)), b.urem(u, _c(p.shares))
@@ -677,7 +718,7 @@ def emit(k: KernelBuilder, spec: IGemmSpec, operands: Sequence[Buffer], c: Buffe
                 offsets = [off if not st[d] else b.add(off, b.mul(idx, _c(st[d] * wb)))
                            for off, st, wb in zip(offsets, strides, widths)]
             ptrs = [b.gep(base, [off], inbounds=True) for base, off in zip(bases, offsets)]
-            ptrs[-1] = b.bitcast(ptrs[-1], I32P)
+            ptrs[-1] = b.bitcast(ptrs[-1], I32P) if c is not None else ir.Constant(I32P, None)
             p0 = b.mul(part, _c(p.share))
             p1 = _min(b, b.add(p0, _c(p.share)), _c(total))
             ranges = [p0, p1, _c(0), _c(spec.n)] if p.dim == "m" else [_c(0), _c(spec.m), p0, p1]
