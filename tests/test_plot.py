@@ -7,6 +7,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import re
+import shutil
 import subprocess
 import sys
 import xml.etree.ElementTree as ET
@@ -142,6 +143,19 @@ def test_squeezenet_fusion_picture(tmp_path) -> None:
     assert dot.count("subgraph cluster_nest_") == len(nests)
     refused_edges = re.findall(r'\[label="([^"]+)"[^\]]* id="refused-\d+"', dot)
     assert refused_edges == [fusion.short_reason(b["reason"]) for b in rep["blocked"]]
+
+
+@needs_mpl
+@pytest.mark.skipif(shutil.which("dot") is None, reason="Graphviz's dot is not installed (optional)")
+def test_fusion_dot_lays_out_with_graphviz(tmp_path) -> None:
+    """fusion.dot as Graphviz lays it out: one cluster per nest, one edge per refusal."""
+    model = tiny_cnn(tmp_path / "tiny.onnx")
+    assert main(["build", str(model), "-o", str(tmp_path / "a"), "--emit", "fusion-dot", "--threads", "1"]) == 0
+    fusion = json.loads((tmp_path / "a" / "manifest.json").read_text())["fusion"]
+    svg = tmp_path / "dot.svg"
+    subprocess.run(["dot", "-Tsvg", str(tmp_path / "a" / "fusion.dot"), "-o", str(svg)], check=True)
+    assert len(marks(svg, "nest-")) == sum(1 for g in fusion["groups"] if g["kind"] != "concat-in-place") == 2
+    assert len(marks(svg, "refused-")) == len(fusion["blocked"])
 
 
 def test_short_reasons() -> None:
