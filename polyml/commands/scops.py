@@ -52,8 +52,8 @@ def cmd_scops(args: argparse.Namespace) -> int:
         from polyml.commands.gpu_map import show_gpu_mapping
         from polyml.errors import PolymlError
 
-        if Path(args.model).suffix == ".ll" or args.after or args.write_jscop:
-            raise PolymlError("polyml scops --target cuda: give a model file (no .ll, --after or --write-jscop)")
+        if Path(args.model).suffix == ".ll" or args.after or args.write_jscop or args.plot:
+            raise PolymlError("polyml scops --target cuda: give a model file (no .ll, --after, --write-jscop or --plot)")
         return show_gpu_mapping(args)
     from polyml import passes
     from polyml.scop import dependences, legality, printer
