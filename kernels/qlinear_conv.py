@@ -120,16 +120,22 @@ class _Flat:
         (sh, sw), (pt, pl) = self.strides, self.pads
         with k.loop(0, xq.shape[0], "zfill") as i:
             xq.store([i], zx if zx is not None else zx_buf.load([0]))
-        with nest(k, [n_, c_all, h, w], names=["qn", "qc", "qh", "qw"], parallel=copy_parallel([n_, c_all, h, w])) as ix:
-            b = k.b
-            n, c, ih, iw = (k.i64(v) for v in ix)
-            r, q = b.add(ih, k.i64(pt)), b.add(iw, k.i64(pl))
-            a, bb = (b.urem(r, k.i64(sh)), b.urem(q, k.i64(sw))) if sh > 1 or sw > 1 else (k.i64(0), k.i64(0))
-            r, q = (b.udiv(r, k.i64(sh)) if sh > 1 else r), (b.udiv(q, k.i64(sw)) if sw > 1 else q)
-            plane = b.add(b.mul(b.add(b.mul(a, k.i64(sw)), bb), k.i64(self.rows)), r)
-            at = b.add(b.add(b.mul(b.add(b.mul(n, k.i64(c_all)), c), k.i64(self.plane_set)),
-                             b.mul(plane, k.i64(self.pitch))), q)
-            xq.store([at], x.load([n, c, ih, iw]))
+        for a in range(sh):  # per phase: the input rows r·sh + a - pt and columns q·sw + b - pl inside x
+            rows = (max(0, -((a - pt) // sh)), min(self.rows, (h - 1 + pt - a) // sh + 1))
+            for bb in range(sw):
+                cols = (max(0, -((bb - pl) // sw)), min(self.pitch, (w - 1 + pl - bb) // sw + 1))
+                if rows[1] <= rows[0] or cols[1] <= cols[0]:
+                    continue
+                extents = [n_, c_all, rows, cols]
+                with nest(k, extents, names=["qn", "qc", "qr", "qq"], parallel=copy_parallel(extents)) as ix:
+                    b = k.b
+                    n, c, r, q = (k.i64(v) for v in ix)
+                    plane = (a * sw + bb) * self.rows * self.pitch
+                    at = b.add(b.add(b.mul(b.add(b.mul(n, k.i64(c_all)), c), k.i64(self.plane_set)),
+                                     b.mul(r, k.i64(self.pitch))), b.add(q, k.i64(plane)))
+                    ih = b.add(b.mul(r, k.i64(sh)), k.i64(a - pt))
+                    iw = b.add(b.mul(q, k.i64(sw)), k.i64(bb - pl))
+                    xq.store([at], x.load([n, c, ih, iw]))
 
 
 class _IntegerConv(Kernel):
@@ -232,6 +238,9 @@ class _IntegerConv(Kernel):
             return t
         win, _ = self.geometry(node, ins)
         x = ins[self.X].type
+        if win.rank == 2:
+            flat = _Flat.of(win)
+            return [TensorType((x.shape[0] * x.shape[1] * flat.plane_set + flat.SLACK,), x.dtype)] if flat.copy else []
         return [TensorType(win.padded_shape(x.shape[:2]), x.dtype)] if win.needs_copy() else []
 
     def constants(self, node: Node, ins: list[Operand | None]) -> list[np.ndarray]:
@@ -264,6 +273,8 @@ class _IntegerConv(Kernel):
         set.add(k.fn.attributes, '"prefer-vector-width"="512"')
         if self.use_gemm(k.node, ins):
             self._gemm(k, ins)
+        elif self.geometry(k.node, ins)[0].rank == 2:
+            self._direct_flat(k, ins)
         else:
             self._direct(k, ins)
 
@@ -338,6 +349,99 @@ class _IntegerConv(Kernel):
             dst = _view(k, y, (n_ * m_all, *win.out))
             with nest(k, [n_ * m_all, *win.out], names=["yc", "yh", "yw"], parallel=1) as (c, oh, ow):
                 dst.store([c, oh, ow], src.load([c, k.b.add(k.b.mul(k.i64(oh), k.i64(flat.pitch)), k.i64(ow))]))
+
+    def _direct_flat(self, k: KernelBuilder, ins: list[Operand | None]) -> None:
+        """2-D direct convolution on the flat phase-split input (:class:`_Flat`): per ``n, m``
+        (parallel), one loop over the ``N'`` flat output positions whose body sums all taps
+        (``Σ_t x[q + off_t]·w_t``, constant offsets, contiguous loads: vectorized along q,
+        long trip counts even for 7x7 maps), requantized into a flat row buffer, then the
+        valid columns copied out.  Groups of several channels accumulate in an int32 buffer."""
+        win, group = self.geometry(k.node, ins)
+        flat = _Flat.of(win)
+        x, w, y = k.inputs[self.X], k.inputs[self.W], k.outputs[0]
+        x_dtype, w_dtype = ins[self.X].type.dtype, ins[self.W].type.dtype
+        n_, c_all = x.shape[:2]
+        m_all = w.shape[0]
+        cg, mg = c_all // group, m_all // group
+        zx = zero_point(ins, self.ZX, x_dtype)
+        zw = zero_point(ins, self.ZW, w_dtype)
+        rq = self.requant(k.node, ins, m_all)
+        bias = self.bias(ins)
+        tables = Tables(k.module, k.fn.name)
+        mult = tables.f32(rq.multipliers, "mult") if rq is not None else None
+        bias_t = tables.i32(bias.astype(np.int32), "bias") if bias is not None else None
+        zw_t = tables.i32(zw.array(m_all).astype(np.int32), "zw") if zw.known else None
+        zw_buf = None if zw.known else _view(k, k.inputs[self.ZW], (zw.size,))
+        zx_buf = None if zx.known else _view(k, k.inputs[self.ZX], (1,))
+        if flat.copy:
+            src = k.temps[0]
+            flat.fill(k, x, src, ir.Constant(I8, zx.at(0) & 0xFF) if zx_buf is None else None, zx_buf)
+            plane_set = flat.plane_set
+        else:
+            src = _view(k, x, (x.type.size,))
+            plane_set = math.prod(win.size)
+        ncols, pitch, (oh_n, ow_n) = flat.columns, flat.pitch, win.out
+        offsets = flat.tap_offsets(win)
+        kh_n, kw_n = win.kernel
+        out_t = ir.IntType(8) if rq is not None else I32
+        with nest(k, [n_, m_all], names=["n", "m"], parallel=2) as (n, m):
+            entry = ir.IRBuilder(k.fn.entry_basic_block)
+            entry.position_at_start(k.fn.entry_basic_block)
+            yrow = entry.alloca(ir.ArrayType(out_t, ncols), name="y.flat")
+            acc = entry.alloca(ir.ArrayType(I32, ncols), name="acc.flat") if cg > 1 else None
+            wsum = entry.alloca(I32, name="wsum")
+            b = k.b
+            m_i = k.i64(m)
+            g = b.udiv(m_i, k.i64(mg))
+            zw_m = (tables.load(b, zw_t, m_i) if zw_t is not None
+                    else to_i32(b, zw_buf.load([m_i if zw.size > 1 else 0]), w_dtype))
+            b.store(ir.Constant(I32, 0), wsum)
+            if acc is not None:
+                with k.loop(0, ncols, "zq") as q:
+                    k.b.store(ir.Constant(I32, 0), k.b.gep(acc, [k.i64(0), q], inbounds=True))
+            with nest(k, [cg], names=["c"]) as (c,):
+                b = k.b
+                wvs = []
+                for kh in range(kh_n):
+                    for kw in range(kw_n):
+                        wv = b.sub(to_i32(b, w.load([m_i, c, kh, kw]), w_dtype), zw_m)
+                        b.store(b.add(b.load(wsum), wv), wsum)
+                        wvs.append(wv)
+                ic = b.add(b.mul(g, k.i64(cg)), k.i64(c))
+                base = b.mul(b.add(b.mul(k.i64(n), k.i64(c_all)), ic), k.i64(plane_set))
+                last = acc is None
+                with k.loop(0, ncols, "q") as q:
+                    b = k.b
+                    at = b.add(base, q)
+                    total = None
+                    for off, wv in zip(offsets, wvs):
+                        xv = to_i32(b, src.load([b.add(at, k.i64(off))]), x_dtype)
+                        total = b.mul(xv, wv) if total is None else b.add(total, b.mul(xv, wv))
+                    if last:
+                        self._flat_out(b, total, wsum, zx, zx_buf, x_dtype, bias_t, mult, rq, tables, m_i, yrow, q)
+                    else:
+                        ptr = b.gep(acc, [k.i64(0), q], inbounds=True)
+                        b.store(b.add(b.load(ptr), total), ptr)
+            if acc is not None:
+                with k.loop(0, ncols, "rq") as q:
+                    b = k.b
+                    total = b.load(b.gep(acc, [k.i64(0), q], inbounds=True))
+                    self._flat_out(b, total, wsum, zx, zx_buf, x_dtype, bias_t, mult, rq, tables, m_i, yrow, q)
+            with nest(k, [oh_n, ow_n], names=["yh", "yw"]) as (oh, ow):
+                b = k.b
+                v = b.load(b.gep(yrow, [k.i64(0), b.add(b.mul(k.i64(oh), k.i64(pitch)), k.i64(ow))], inbounds=True))
+                y.store([n, m, oh, ow], v)
+
+    @staticmethod
+    def _flat_out(b: ir.IRBuilder, total: ir.Value, wsum: ir.Value, zx, zx_buf, x_dtype: str, bias_t, mult,  # noqa: ANN001
+                  rq: Requant | None, tables: Tables, m: ir.Value, yrow: ir.Value, q: ir.Value) -> None:
+        """``total - x_zp·Σw (+ bias)``, requantized (or int32) into the flat row buffer."""
+        zxv = ir.Constant(I32, zx.at(0)) if zx_buf is None else to_i32(b, zx_buf.load([0]), x_dtype)
+        v = b.sub(total, b.mul(zxv, b.load(wsum)))
+        if bias_t is not None:
+            v = b.add(v, tables.load(b, bias_t, m))
+        scale = tables.load(b, mult, m) if mult is not None else None
+        store_output(b, v, b.gep(yrow, [ir.Constant(I64, 0), q], inbounds=True), scale, rq)
 
     def _direct(self, k: KernelBuilder, ins: list[Operand | None]) -> None:
         """The padded copy (if needed), then per ``n, m`` and output row an int32 row accumulator."""
