@@ -130,12 +130,14 @@ def footprint(node: isl.ScheduleNode, scop: dict, sizes: list[int]) -> int | Non
     of the elements a tile in the middle of the band's range accesses (outer dimensions fixed
     to their first value).  None where bounds are parametric."""
     dom = node.get_domain()
-    prefix = node.get_prefix_schedule_union_map()
+    prefix = node.get_prefix_schedule_union_map().intersect_domain(dom)
     members = sched.band_members(node)
     inst = dom
     if not prefix.is_empty():
-        first = prefix.range().lexmin()
-        inst = inst.intersect(prefix.intersect_range(first).domain())
+        times = prefix.range()
+        if not isl.Set.from_union_set(times).is_bounded():
+            return None
+        inst = inst.intersect(prefix.intersect_range(times.lexmin()).domain())
     for m, size in zip(members, sizes):
         vals = m.intersect_domain(inst).range()
         if vals.is_empty():
