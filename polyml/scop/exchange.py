@@ -171,7 +171,7 @@ def transform(src: Path, dst: Path, rewrite: Callable[[Scop], dict | None], work
         shutil.copy(src, local)
     if not new:
         if opt_level:
-            run_opt(local, dst, [f"-O{opt_level}"])
+            run_opt(local, dst, [f"-O{opt_level}"], keep_failed)
         else:
             shutil.copy(src, dst)
         return found, new
@@ -191,8 +191,14 @@ def parallel_flags(jscops: Iterable[Mapping]) -> list[str]:
     return flags.polly_parallel_flags(0 if 0 in threads else max(threads))
 
 
-def run_opt(src: Path, dst: Path, args: list[str]) -> None:
+def run_opt(src: Path, dst: Path, args: list[str], keep_failed: Path | None = None) -> None:
+    """``opt ARGS src -o dst``; ``keep_failed``: as in :func:`apply_imports`."""
     cmd = [tool("opt"), *args, src.name, "-S", "-o", str(dst)]
+    if keep_failed is not None:
+        from polyml.driver.build import run_tool
+
+        run_tool(cmd, keep_failed, [src.resolve()], "opt", cwd=src.parent)
+        return
     proc = subprocess.run(cmd, capture_output=True, text=True, cwd=src.parent)
     if proc.returncode != 0:
         raise ToolchainError(f"opt failed (exit {proc.returncode}): {proc.stderr.strip()[-400:]}\n  reproduce with: {shlex.join(cmd)}")
