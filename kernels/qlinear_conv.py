@@ -216,7 +216,8 @@ class _IntegerConv(Kernel):
     def describe(self, node: Node, ins: list[Operand | None], outs: list[TensorType]) -> str:
         win, group = self.geometry(node, ins)
         g = f" g{group}" if group > 1 else ""
-        how = f"igemm {igemm.blocking_for_host().variant}" if self.use_gemm(node, ins) else "direct"
+        blk = igemm.blocking_for_host(ins[self.W].type.shape[0] // group)
+        how = f"igemm {blk.variant} {blk.mr}x{blk.nr}" if self.use_gemm(node, ins) else "direct"
         return (f"{'x'.join(map(str, win.kernel))}/{max(win.strides)} {ins[self.X].type.shape[1]}->"
                 f"{ins[self.W].type.shape[0]}{g} @{'x'.join(map(str, win.size))} {ins[self.X].type.dtype}x"
                 f"{ins[self.W].type.dtype} {how}")
@@ -248,8 +249,8 @@ class _IntegerConv(Kernel):
         (QLinearConv) and, when constant, the folded per-channel int32 ``rb``."""
         if not self.use_gemm(node, ins):
             return []
-        blk = igemm.blocking_for_host()
         units, mg, _, kk, group = self._gemm_dims(node, ins)
+        blk = igemm.blocking_for_host(mg)
         w = np.asarray(ins[self.W].value).reshape(group, mg, kk)
         signed = ins[self.W].type.dtype == "int8"
         out = [np.concatenate([igemm.prepack_w(w[g], blk, signed) for g in range(group)])]
@@ -281,10 +282,10 @@ class _IntegerConv(Kernel):
     def _gemm(self, k: KernelBuilder, ins: list[Operand | None]) -> None:
         """Per batch index and group: ``w[g] · X`` with X the phase-split padded input read
         flat (:class:`_Flat`), packed by :func:`polyml.codegen.igemm.rows_packer`."""
-        blk = igemm.blocking_for_host()
         win, group = self.geometry(k.node, ins)
         flat = _Flat.of(win)
         units, mg, ncols, kk, _ = self._gemm_dims(k.node, ins)
+        blk = igemm.blocking_for_host(mg)
         cor = self.corrections(k.node, ins, blk)
         rq = self.requant(k.node, ins, group * mg)
         x, y = k.inputs[self.X], k.outputs[0]
@@ -323,13 +324,14 @@ class _IntegerConv(Kernel):
         strides.append([m_all * ncols, mg * ncols])  # C
         out_bytes = 4 if rq is None else 1
         x_signed = ins[self.X].type.dtype == "int8"
-        taps = math.prod(win.kernel)
-        tap_table = Tables(k.module, k.fn.name).i32(np.array(flat.tap_offsets(win), np.int64), "taps")
+        # per reduction row p = (c, tap): its offset from the group's first plane, one table
+        # load per packed row instead of a division and a tap lookup
+        taps = np.array(flat.tap_offsets(win), np.int64)
+        rows = (np.arange(cg, dtype=np.int64)[:, None] * plane_set + taps[None, :]).reshape(-1)
+        row_table = Tables(k.module, k.fn.name).i32(rows, "rows")
 
         def row_ptr(b: ir.IRBuilder, ops, p: ir.Value) -> ir.Value:  # noqa: ANN001
-            c, t = b.udiv(p, ir.Constant(I64, taps)), b.urem(p, ir.Constant(I64, taps))
-            off = b.sext(Tables.load(b, tap_table, t), I64)
-            return b.gep(ops[1], [b.add(b.mul(c, ir.Constant(I64, plane_set)), off)], inbounds=True)
+            return b.gep(ops[1], [b.sext(Tables.load(b, row_table, p), I64)], inbounds=True)
 
         pack_x = igemm.rows_packer(row_ptr, kk, ncols, blk, x_signed)
 

@@ -143,7 +143,7 @@ class _IntegerProduct(Kernel):
             return []
         _, n, kk = dims
         bm = np.asarray(ins[self.B].value).reshape(kk, n)
-        return [igemm.prepack_w(bm.T, igemm.blocking_for_host(), ins[self.B].type.dtype == "int8")]
+        return [igemm.prepack_w(bm.T, igemm.blocking_for_host(n), ins[self.B].type.dtype == "int8")]
 
     def replaced_inputs(self, node: Node, ins: list[Operand | None]) -> set[int]:
         return {self.B} if self.constants(node, ins) else set()
@@ -162,7 +162,7 @@ class _IntegerProduct(Kernel):
             self._gemm(k, ins, *dims)
 
     def _gemm(self, k: KernelBuilder, ins: list[Operand | None], rows: int, n: int, kk: int) -> None:
-        blk = igemm.blocking_for_host()
+        blk = igemm.blocking_for_host(n)
         cor = self.corrections(k.node, ins, n, kk, blk)
         rq = self.requant(k.node, ins, n)
         temps = iter(k.temps)
