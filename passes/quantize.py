@@ -360,6 +360,29 @@ class _Rewriter:
         self.replace(new, [op, q], [op, q])
 
 
+def qgemm_as_qlinear_matmul(g: Graph) -> None:
+    """onnxruntime's ``com.microsoft.QGemm`` (its QOperator Gemm: ``A, a_s, a_zp, B, b_s, b_zp,
+    C, y_s, y_zp``) with a constant ``B``, ``transA=0``, ``alpha=1`` and a quantized output as
+    ``QLinearMatMul`` with ``B`` transposed at compile time when ``transB=1`` and ``C`` (int32,
+    scale ``a_s·b_s``) as the 9th input (the convention of the QDQ pass).  Runs in the frontend
+    before type inference; other QGemm forms are left to be reported as unsupported."""
+    for i, n in enumerate(g.nodes):
+        if n.op_type != MS + "QGemm":
+            continue
+        ins = n.inputs + [""] * (9 - len(n.inputs))
+        b = g.constants.get(ins[3])
+        if (b is None or b.ndim != 2 or not ins[7] or n.attrs.get("transA", 0)
+                or float(n.attrs.get("alpha", 1.0)) != 1.0):
+            continue
+        if n.attrs.get("transB", 0):
+            key = f"{ins[3]}@T"
+            g.constants[key] = np.ascontiguousarray(b.T)
+            g.types[key] = TensorType(tuple(b.T.shape), b.dtype.name)
+            ins[3] = key
+        inputs = [*ins[:6], ins[7], ins[8], *([ins[6]] if ins[6] else [])]
+        g.nodes[i] = Node(n.name, "QLinearMatMul", inputs, list(n.outputs), {}, source=n.source or n.name, opset=n.opset)
+
+
 def _fold_constant_dequantize(g: Graph, report: QuantizationReport) -> None:
     """DequantizeLinear of constants that no integer op took: float32 constants."""
     keep = []

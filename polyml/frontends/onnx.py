@@ -199,6 +199,10 @@ def from_onnx(
 
     graph = Graph(g.name or "model", nodes, types, constants, inputs, [o.name for o in g.output])
     _drop_unused_optional_outputs(graph)
+    if any(n.op_type == "com.microsoft.QGemm" for n in nodes):  # onnxruntime's QOperator Gemm
+        from polyml.passes.quantize import qgemm_as_qlinear_matmul
+
+        qgemm_as_qlinear_matmul(graph)
     graph.toposort()
     _fold_and_infer(graph, model)
     graph.prune()
