@@ -234,6 +234,9 @@ def model_sources(model: Path, work: Path, input_shapes: Mapping[str, tuple[int,
     from polyml.driver.toolchain import host_target
 
     graph = read_graph(model, input_shapes=input_shapes, outputs=outputs)
+    from polyml.passes.quantize import QuantizeQDQ
+
+    graph, _ = QuantizeQDQ().apply(graph)  # as build does: quantized models' integer ops
     if fuse:
         from polyml.passes.fuse import FuseOperators
 
