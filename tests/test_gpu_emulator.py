@@ -51,9 +51,9 @@ def _emulate(tmp_path: Path, model: onnx.ModelProto, shared_memory: bool = False
 
 def _conv() -> onnx.ModelProto:
     rng = np.random.default_rng(1)
-    w = rng.normal(size=(16, 8, 3, 3)).astype(np.float32)
-    b = rng.normal(size=(16,)).astype(np.float32)
-    return testing.single_node_model("Conv", {"x": (1, 8, 10, 10)}, initializers={"w": w, "b": b}, pads=[1, 1, 1, 1])
+    w = rng.normal(size=(8, 4, 3, 3)).astype(np.float32)
+    b = rng.normal(size=(8,)).astype(np.float32)
+    return testing.single_node_model("Conv", {"x": (1, 4, 10, 10)}, initializers={"w": w, "b": b}, pads=[1, 1, 1, 1])
 
 
 def _gemm() -> onnx.ModelProto:

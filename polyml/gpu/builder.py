@@ -593,7 +593,16 @@ class GpuKernelBuilder(KernelBuilder):
             return self.b.fmul(KernelBuilder.intrinsic(self, "llvm.log2", args[0]), self.f32(1 / LOG2E))
         if name == "llvm.pow":
             lg = KernelBuilder.intrinsic(self, "llvm.log2", args[0])
-            return KernelBuilder.intrinsic(self, "llvm.exp2", self.b.fmul(args[1], lg))
+            r = KernelBuilder.intrinsic(self, "llvm.exp2", self.b.fmul(args[1], lg))
+            if args[0].type == ir.DoubleType():
+                # integer Pow computes in double and truncates: exp2(y·log2 x) may land a hair below
+                # an exact integer (9^3 = 728.99…), so results within 1e-9 of one snap to it
+                near = KernelBuilder.intrinsic(self, "llvm.roundeven", r)
+                diff = KernelBuilder.intrinsic(self, "llvm.fabs", self.b.fsub(r, near))
+                tol = self.b.fmul(KernelBuilder.intrinsic(self, "llvm.maxnum", KernelBuilder.intrinsic(
+                    self, "llvm.fabs", near), ir.Constant(r.type, 1.0)), ir.Constant(r.type, 1e-9))
+                r = self.b.select(self.b.fcmp_ordered("<=", diff, tol), near, r)
+            return r
         return super().intrinsic(name, *args)
 
     def libm(self, name: str, *args: ir.Value) -> ir.Value:

@@ -168,6 +168,8 @@ def lower_graph_cuda(graph: Graph, verify: bool = True, shared_bytes: int = 0) -
         modules[fname] = module
         records[fname] = recs
         for kname, m in ks:
+            if 0 in m.grid:  # a nest over an empty domain (a zero-size tensor): nothing to launch
+                continue
             launches.append(Launch(kname, fname, node.label, node.op_type, pslots, m))
         for s in pslots:
             table.touch(s, step)

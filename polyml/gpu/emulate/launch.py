@@ -16,7 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
-from polyml.errors import EmulationError, ModelFormatError
+from polyml.errors import EmulationError, InputError, ModelFormatError
 from polyml.gpu.emulate.compile import build_library
 from polyml.gpu.emulate.rewrite import KernelInfo, Rewritten, Site, rewrite_module
 from polyml.gpu.runtime import CudaModel, CudaPlan, LaunchPlan
@@ -94,6 +94,7 @@ class EmulatorBackend:
         lib.polyml_emu_launch.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p,
                                           ctypes.c_void_p, ctypes.c_uint64, ctypes.c_int, ctypes.POINTER(EmuError)]
         lib.polyml_emu_error_size.restype = ctypes.c_size_t
+        self._status = ctypes.c_int32.in_dll(lib, "polyml_status")
         if lib.polyml_emu_error_size() != ctypes.sizeof(EmuError):
             raise EmulationError("emulated CUDA: runtime.c and launch.py disagree on emu_error")
         for k in plan.launches:
@@ -126,6 +127,10 @@ class EmulatorBackend:
                                              int(ln.info.barriers > 0), ctypes.byref(err))
         if status:
             raise EmulationError(self._describe(ln, err))
+        if self._status.value:
+            self._status.value = 0
+            raise InputError(f"{ln.plan.op_type} node {ln.plan.op!r}: an index in the input data is out of range "
+                             "(the outputs are not valid)")
 
     def synchronize(self) -> None:
         pass

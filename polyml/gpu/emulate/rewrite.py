@@ -18,7 +18,8 @@ Per kernel function ``K(bufs...)``:
   the address must lie in the array its pointer is derived from (followed through ``gep``,
   ``bitcast``, ``select`` and ``phi``): a kernel argument (``[lo, hi)`` is the argument's slot,
   set per launch from the manifest's slot table, so an access into a neighbouring tensor of the
-  same arena is caught), or one shared array.  A predicated access ``select(pred, &A[..],
+  same arena is caught), one shared array, or a global of the module (``polyml_status``, the
+  word index checks set, which the runtime defines and reads after each launch).  A predicated access ``select(pred, &A[..],
   &dummy)`` (a guard turned into a predicate, the dummy a thread-private ``alloca``) checks
   ``&A[..]`` when ``pred`` holds (``guard``); accesses of private slots only are not checked;
 * an exported wrapper ``K__emu(void **args, void *ctx)`` calls ``K`` with the buffer pointers.
@@ -46,7 +47,9 @@ _DEFINE = re.compile(r'^define (?P<pre>.*?)@(?P<name>"[^"]*"|[-\w.$]+)\((?P<args
 _SREG = re.compile(r'call i32 @"?llvm\.nvvm\.read\.ptx\.sreg\.(tid|ntid|ctaid|nctaid)\.([xyz])"?\(\)')
 _BARRIER = re.compile(r'^(\s+)call void @"?llvm\.nvvm\.barrier0"?\(\)\s*$')
 _SHARED_GLOBAL = re.compile(rf'^({NAME}) = (?:internal |private )?addrspace\(3\) global \[(\d+) x (float|i32|i64)\] .*$')
-_PTR_OPERAND = re.compile(rf',\s*(?P<ty>[^,]*?)\*\s+(?P<ptr>{NAME})\s*(?:,\s*align\s+\d+)?\s*$')
+_PTR_OPERAND = re.compile(rf',\s*(?P<ty>[^,]*?)\*\s+(?P<ptr>{NAME})(?:\s+(?:syncscope\("[^"]*"\)\s+)?'
+                          r'(?:unordered|monotonic|acquire|release|acq_rel|seq_cst))?\s*(?:,\s*align\s+\d+)?\s*$')
+_GLOBAL = re.compile(rf'^({NAME}) = (?:[a-z_]+ )*global (\[[^\]]*\]|<[^>]*>|[\w]+)')
 _GEP = re.compile(rf'^getelementptr (?:inbounds )?(?:nuw |nusw )?.+?, [^,]+?\*\s+(?P<base>{NAME})')
 _BITCAST = re.compile(rf'^bitcast [^,]+?\*\s+(?P<src>{NAME}) to ')
 _SELECT = re.compile(rf'^select\s+i1 [^,]+, [^,]+?\*\s+(?P<a>{NAME}), [^,]+?\*\s+(?P<b>{NAME})\s*$')
@@ -123,10 +126,13 @@ def rewrite_module(text: str, module: str = "module") -> Rewritten:
     lines = text.split("\n")
     kernels = set(kernel_names(text))
     shared_globals: dict[str, int] = {}
+    globals_: dict[str, str] = {}  # other module globals (``polyml_status``): name -> type
     for ln in lines:
         m = _SHARED_GLOBAL.match(ln)
         if m:
             shared_globals[m.group(1)] = int(m.group(2)) * _TYPE_SIZE[m.group(3)]
+        elif (g := _GLOBAL.match(ln)) is not None:
+            globals_[g.group(1)] = g.group(2)
     out: list[str] = []
     infos: dict[str, KernelInfo] = {}
     sites: list[Site] = []
@@ -145,7 +151,7 @@ def rewrite_module(text: str, module: str = "module") -> Rewritten:
             j = bodies[i]
             name = _DEFINE.match(ln).group("name").strip('"')
             if name in kernels:
-                info, body = _rewrite_kernel(lines, i, j, name, module, shared_globals, sites)
+                info, body = _rewrite_kernel(lines, i, j, name, module, shared_globals, globals_, sites)
                 infos[name] = info
                 out.extend(body)
             else:
@@ -205,8 +211,8 @@ def _params(args: str) -> list[tuple[str, str]]:
     return out
 
 
-def _rewrite_kernel(lines: list[str], first: int, last: int, name: str, module: str,
-                    shared_globals: dict[str, int], sites: list[Site]) -> tuple[KernelInfo, list[str]]:
+def _rewrite_kernel(lines: list[str], first: int, last: int, name: str, module: str, shared_globals: dict[str, int],
+                    globals_: dict[str, str], sites: list[Site]) -> tuple[KernelInfo, list[str]]:
     m = _DEFINE.match(lines[first])
     params = _params(m.group("args"))
     arg_index = {n: k for k, (_, n) in enumerate(params)}
@@ -231,6 +237,8 @@ def _rewrite_kernel(lines: list[str], first: int, last: int, name: str, module: 
             r = frozenset({f"arg{arg_index[v]}"})
         elif v in shared_globals:
             r = frozenset({f"shared:{v}"})
+        elif v in globals_:
+            r = frozenset({f"global:{v}"})
         elif v in defs:
             rhs = defs[v][0]
             if rhs.startswith("alloca "):
@@ -298,6 +306,17 @@ def _rewrite_kernel(lines: list[str], first: int, last: int, name: str, module: 
                           f'  %"__emu.a{a}.{which}" = load i8*, i8** %"__emu.a{a}.{which}.p"'])
         return f'%"__emu.a{a}.lo"', f'%"__emu.a{a}.hi"'
 
+    global_bounds: dict[str, tuple[str, str]] = {}
+
+    def module_global_bounds(g: str) -> tuple[str, str]:
+        """``[&g, &g + sizeof g)`` of a module global (the status word of index checks)."""
+        if g not in global_bounds:
+            k, ty = len(global_bounds), globals_[g]
+            entry.extend([f'  %"__emu.g{k}.lo" = bitcast {ty}* {g} to i8*',
+                          f'  %"__emu.g{k}.hi" = getelementptr i8, i8* %"__emu.g{k}.lo", i64 {_size_expr(ty)}'])
+            global_bounds[g] = (f'%"__emu.g{k}.lo"', f'%"__emu.g{k}.hi"')
+        return global_bounds[g]
+
     shared_names = {g: f'%"__emu.sh{k}"' for k, g in enumerate(used_shared)}
     shared_bounds = {g: (f'%"__emu.sh{k}.lo"', f'%"__emu.sh{k}.hi"') for k, g in enumerate(used_shared)}
 
@@ -330,6 +349,8 @@ def _rewrite_kernel(lines: list[str], first: int, last: int, name: str, module: 
                 arr = arrays[0]
                 if arr.startswith("arg"):
                     lo, hi = arg_bounds(int(arr[3:]))
+                elif arr.startswith("global:"):
+                    lo, hi = module_global_bounds(arr[len("global:"):])
                 else:
                     lo, hi = shared_bounds[arr[len("shared:"):]]
                 guard, target = "true", ptr
@@ -351,7 +372,7 @@ def _rewrite_kernel(lines: list[str], first: int, last: int, name: str, module: 
                         pre.append(f"  {guard} = xor i1 {cond}, true")
                 sites.append(Site(name, kind, arr, lineno))
                 p8 = f'%"__emu.t{tmp}.p"'
-                ptr_text = target if not target.startswith("@") else shared_names[target]
+                ptr_text = shared_names.get(target, target)
                 pre.append(f'  {p8} = bitcast {pty}* {ptr_text} to i8*')
                 pre.append(f'  call void @"polyml.emu.check"(i8* {p8}, i64 {_size_expr(pty)}, i8* {lo}, i8* {hi}, '
                            f'i1 {guard}, i8* {ctx}, i32 {len(sites) - 1})')

@@ -24,6 +24,10 @@
 
 typedef void (*emu_kernel)(void **args, void *ctx);
 
+/* 0, or 1 + the op step whose kernel met an out-of-range index in the input data (the kernels'
+ * index checks set it, as on the CPU target; launch.py reads and clears it) */
+int32_t polyml_status;
+
 enum { EMU_OK = 0, EMU_OOB = 1, EMU_BARRIER_EXIT = 2, EMU_BARRIER_MISMATCH = 3, EMU_NO_MEMORY = 4,
        EMU_UNEXPECTED_BARRIER = 5 };
 enum { T_RUNNABLE = 0, T_WAITING = 1, T_DONE = 2 };
