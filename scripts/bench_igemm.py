@@ -10,7 +10,7 @@ ratios.  Prints GOPS (2·M·N·K per call) per runner, int8/fp32 and polyml/onnx
 and checks polyml's int8 result against numpy exactly.
 
     python scripts/bench_igemm.py [--shapes 1024x1024x1024,128x768x768] [--threads 2] [--repeat 20] \
-        [--variant vnni|madd|madd8] [--json out.json]
+        [--clock wall|cpu] [--variant vnni|madd|madd8] [--json out.json]
 """
 
 from __future__ import annotations
@@ -58,7 +58,7 @@ def ort_session(model: onnx.ModelProto, threads: int):  # noqa: ANN201
 
 
 def bench_shape(m: int, k: int, n: int, threads: int, repeat: int, warmup: int, work: Path, block: int,
-                settle_s: float) -> dict:
+                settle_s: float, clock: str = "wall") -> dict:
     rng = np.random.default_rng(0)
     a8 = rng.integers(0, 256, (m, k)).astype(np.uint8)
     b8 = rng.integers(-128, 128, (k, n)).astype(np.int8)
@@ -81,7 +81,8 @@ def bench_shape(m: int, k: int, n: int, threads: int, repeat: int, warmup: int, 
         "polyml_fp32": lambda: compiled["fp32"].run({"a": a32}),
         "ort_int8": lambda: sess.run(["y"], {"a": a8}),
     }
-    times = benchmark.measure(runners, warmup, repeat, block=block, settle_s=settle_s)
+    times = benchmark.measure(runners, warmup, repeat, block=block, settle_s=settle_s,
+                              clock=time.process_time if clock == "cpu" else time.perf_counter)
     ops = 2.0 * m * n * k
     row: dict = {"shape": f"{m}x{k}x{n}", "exact": exact, "compile_s": compile_s}
     for name, st in benchmark.summarize(times).items():
@@ -97,6 +98,9 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--repeat", type=int, default=20)
     ap.add_argument("--warmup", type=int, default=3)
+    ap.add_argument("--clock", choices=("wall", "cpu"), default="wall",
+                    help="cpu: this process's CPU time per call (robust on a loaded host; with --threads 1 it is the "
+                         "latency, with more the summed thread time)")
     ap.add_argument("--variant", choices=("vnni", "madd", "madd8"), help="force the integer micro-kernel (POLYML_IGEMM)")
     benchmark.add_options(ap)
     ap.add_argument("--json", dest="json_file")
@@ -112,7 +116,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="polyml-igemm-") as tmp:
         for shape in args.shapes.split(","):
             m, k, n = (int(v) for v in shape.lower().split("x"))
-            r = bench_shape(m, k, n, args.threads, args.repeat, args.warmup, Path(tmp), args.block, args.settle)
+            r = bench_shape(m, k, n, args.threads, args.repeat, args.warmup, Path(tmp), args.block, args.settle, args.clock)
             rows.append(r)
             p, f, o = r["polyml_int8"], r["polyml_fp32"], r["ort_int8"]
             print(f"{r['shape']} threads={args.threads}: polyml int8 {p['gops']:.0f} GOPS ({p['median_ms']:.3f} ms), "
