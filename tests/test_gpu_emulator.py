@@ -22,7 +22,7 @@ import pytest
 import polyml
 from polyml import cli, testing
 from polyml.compiler import read_graph
-from polyml.errors import EmulationError, ModelFormatError, PolymlError
+from polyml.errors import EmulationError, InputError, ModelFormatError, PolymlError
 from polyml.gpu import lower as gpu_lower
 from polyml.gpu.build import build_cuda_artifact
 from polyml.gpu.builder import GpuKernelBuilder
@@ -231,6 +231,23 @@ def test_wrong_tile_size_in_a_shared_copy_is_caught(tmp_path, monkeypatch):
         EmulatedModel(tmp_path / "a").run(testing.random_inputs(_gemm()))
     msg = str(info.value)
     assert f"out-of-bounds read in kernel {k['name']}" in msg and "of shared array" in msg
+
+
+def test_out_of_range_index_is_reported_as_on_the_cpu(tmp_path):
+    from onnx import TensorProto, helper
+
+    g = helper.make_graph([helper.make_node("Gather", ["x", "i"], ["y"], axis=0)], "g",
+                          [helper.make_tensor_value_info("x", TensorProto.FLOAT, [5, 3]),
+                           helper.make_tensor_value_info("i", TensorProto.INT64, [4])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [4, 3])])
+    path = _save(tmp_path, helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]))
+    build_cuda_artifact(read_graph(path), tmp_path / "a", ptx=False)
+    em = EmulatedModel(tmp_path / "a")
+    x = np.arange(15, dtype=np.float32).reshape(5, 3)
+    np.testing.assert_array_equal(em.run({"x": x, "i": np.array([0, 4, -1, 2])})["y"], x[[0, 4, -1, 2]])
+    with pytest.raises(InputError, match="Gather node 'y': an index in the input data is out of range"):
+        em.run({"x": x, "i": np.array([0, 9, 1, 2])})
+    np.testing.assert_array_equal(em.run({"x": x, "i": np.array([1, 1, 1, 1])})["y"], x[[1, 1, 1, 1]])
 
 
 def test_an_artifact_without_kernel_ir_is_refused(tmp_path):
