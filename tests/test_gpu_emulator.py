@@ -211,6 +211,30 @@ def test_barrier_skipped_by_some_threads_is_reported_not_hung(tmp_path, monkeypa
     assert "thread (0, 0, 0) exited without reaching it (16 thread(s) exited)" in msg
 
 
+def test_diverging_barrier_counts_are_reported(tmp_path, monkeypatch):
+    """Thread (0, 0, 0) waits at one extra barrier each time: the block's threads meet at
+    different barriers."""
+    original = GpuKernelBuilder._barrier
+
+    def extra_for_thread_0(self):  # noqa: ANN001, ANN202
+        b = self.b
+        first = ir.IRBuilder.and_(b, ir.IRBuilder.icmp_unsigned(b, "==", self.sreg("tid", 0), self.i64(0)),
+                                  ir.IRBuilder.icmp_unsigned(b, "==", self.sreg("tid", 1), self.i64(0)))
+        with b.if_then(first):
+            original(self)
+        original(self)
+
+    monkeypatch.setattr(GpuKernelBuilder, "_barrier", extra_for_thread_0)
+    path = _save(tmp_path, _gemm())
+    build_cuda_artifact(read_graph(path), tmp_path / "a", shared_memory=True, ptx=False)
+    with pytest.raises(EmulationError) as info:
+        EmulatedModel(tmp_path / "a").run(testing.random_inputs(_gemm()))
+    msg = str(info.value)
+    assert "barrier not reached by every thread" in msg and "in block (0, 0, 0), after 0 completed barrier(s)" in msg
+    assert "the threads wait at different barriers: thread (0, 0, 0) at kernels/" in msg
+    assert ", thread (1, 0, 0) at kernels/" in msg
+
+
 def test_wrong_tile_size_in_a_shared_copy_is_caught(tmp_path, monkeypatch):
     """The reduction tile doubled after the boxes were sized for it (and the isl cover check
     skipped): the tile's iterations read past the copied box of the shared array."""

@@ -167,14 +167,15 @@ class EmulatorBackend:
                     f"{k.ir} line {site.line}. On a device this {action} would hit another tensor or unmapped "
                     "memory; the kernel's guards or index arithmetic are wrong.")
         if e.kind in (BARRIER_EXIT, BARRIER_MISMATCH):
-            at = ln.sites[e.site].line
+            at = f"{k.ir} line {ln.sites[e.site].line}"
             if e.kind == BARRIER_EXIT:
-                other = f"thread {tuple(e.other)} exited without reaching it ({e.exited} thread(s) exited)"
+                what = (f"thread {th} and {e.waiting - 1} other(s) wait at the barrier of {at}, but thread "
+                        f"{tuple(e.other)} exited without reaching it ({e.exited} thread(s) exited)")
             else:
-                other = f"thread {tuple(e.other)} waits at another barrier ({k.ir} line {ln.sites[e.other_site].line})"
+                what = (f"the threads wait at different barriers: thread {th} at {at}, thread {tuple(e.other)} at "
+                        f"{k.ir} line {ln.sites[e.other_site].line}")
             return (f"emulated CUDA: barrier not reached by every thread in {where}: in block {bl}, after "
-                    f"{e.phase} completed barrier(s), thread {th} and {e.waiting - 1} other(s) wait at the "
-                    f"barrier of {k.ir} line {at}, but {other}. __syncthreads must be reached by all threads "
+                    f"{e.phase} completed barrier(s), {what}. __syncthreads must be reached by all threads "
                     "of a block; on a device the block would hang or race.")
         if e.kind == UNEXPECTED_BARRIER:
             return f"emulated CUDA: {where} reached a barrier the rewriter did not see (thread {th}, block {bl})"
