@@ -60,6 +60,18 @@ GEMM_MIN_REDUCTION = 8
 GEMM_MIN_MACS = 1 << 15
 
 
+def _entry_alloca(k: KernelBuilder, ty: ir.Type, name: str) -> ir.Value:
+    """A stack slot in the current function's entry block (outside every loop).  In the entry
+    block itself it is allocated where the builder is: llvmlite builders keep an index into
+    their block, so a second builder inserting at its start would shift ``k.b``'s position."""
+    block = k.fn.entry_basic_block
+    if k.b.block is block:
+        return k.b.alloca(ty, name=name)
+    entry = ir.IRBuilder(block)
+    entry.position_at_start(block)
+    return entry.alloca(ty, name=name)
+
+
 def _view(k: KernelBuilder, buf: Buffer, shape: tuple[int, ...]) -> Buffer:
     tt = TensorType(tuple(int(d) for d in shape), buf.type.dtype)
     assert tt.size == buf.type.size, (shape, buf.shape)
@@ -387,11 +399,9 @@ class _IntegerConv(Kernel):
         kh_n, kw_n = win.kernel
         out_t = ir.IntType(8) if rq is not None else I32
         with nest(k, [n_, m_all], names=["n", "m"], parallel=2) as (n, m):
-            entry = ir.IRBuilder(k.fn.entry_basic_block)
-            entry.position_at_start(k.fn.entry_basic_block)
-            yrow = entry.alloca(ir.ArrayType(out_t, ncols), name="y.flat")
-            acc = entry.alloca(ir.ArrayType(I32, ncols), name="acc.flat") if cg > 1 else None
-            wsum = entry.alloca(I32, name="wsum")
+            yrow = _entry_alloca(k, ir.ArrayType(out_t, ncols), "y.flat")
+            acc = _entry_alloca(k, ir.ArrayType(I32, ncols), "acc.flat") if cg > 1 else None
+            wsum = _entry_alloca(k, I32, "wsum")
             b = k.b
             m_i = k.i64(m)
             g = b.udiv(m_i, k.i64(mg))
@@ -485,10 +495,8 @@ class _IntegerConv(Kernel):
         with nest(k, [n_, m_all, *win.out[:-1]], names=["n", "m", *[f"o{d}" for d in range(r - 1)]], parallel=2) as iv:
             n, m, os_ = iv[0], iv[1], iv[2:]
             b = k.b
-            entry = ir.IRBuilder(k.fn.entry_basic_block)
-            entry.position_at_start(k.fn.entry_basic_block)
-            row = entry.alloca(ir.ArrayType(I32, ow), name="acc.row")
-            wsum = entry.alloca(I32, name="acc.wsum")
+            row = _entry_alloca(k, ir.ArrayType(I32, ow), "acc.row")
+            wsum = _entry_alloca(k, I32, "acc.wsum")
             m_i = k.i64(m)
             g = b.udiv(m_i, k.i64(mg))
             with k.loop(0, ow, "init") as o:

@@ -35,6 +35,9 @@ def _host_has_vnni() -> bool:
 
 VARIANTS = [pytest.param("vnni", marks=pytest.mark.skipif(not _host_has_vnni(), reason="no AVX-512 VNNI")), "madd",
             "madd8"]
+#: each micro-kernel with a reduction block of 32: several blocks accumulate in an int32 C array
+MULTI_BLOCK = [pytest.param("vnni,kc=32", marks=pytest.mark.skipif(not _host_has_vnni(), reason="no AVX-512 VNNI")),
+               "madd8,kc=32"]
 
 
 def _t(dtype: type) -> int:
@@ -107,7 +110,7 @@ def test_matmul_integer(case: tuple) -> None:
     _exact(_polyml(model, feeds), ref)
 
 
-@pytest.mark.parametrize("variant", VARIANTS)
+@pytest.mark.parametrize("variant", VARIANTS + MULTI_BLOCK)
 def test_matmul_integer_micro_kernels(variant: str, monkeypatch) -> None:
     """Each micro-kernel forced, with the zero point of A computed at run time (as
     DynamicQuantizeLinear gives it), on the activation signedness that needs a flip."""
@@ -225,7 +228,7 @@ def test_qlinear_conv(case: tuple) -> None:
     _exact(_polyml(model, feeds), ref)
 
 
-@pytest.mark.parametrize("variant", VARIANTS)
+@pytest.mark.parametrize("variant", VARIANTS + MULTI_BLOCK)
 def test_qlinear_conv_micro_kernels(variant: str, monkeypatch) -> None:
     """Each micro-kernel forced: uint8 and int8 activations (the flip), per-tensor weights."""
     monkeypatch.setenv("POLYML_IGEMM", variant)
@@ -257,6 +260,16 @@ def test_conv_integer(wdt: type) -> None:
     feeds = {"x": x, "x_zp": np.array(131, np.uint8)}
     model = _model("ConvInteger", feeds, {"w": w, "w_zp": np.array(0, wdt)}, ["x", "w", "x_zp", "w_zp"], TensorProto.INT32,
                    pads=[1, 1, 1, 1])
+    _exact(_polyml(model, feeds), ReferenceEvaluator(model).run(None, feeds)[0])
+
+
+def test_conv_integer_single_plane() -> None:
+    """One image, one channel, one filter (no loop of more than one iteration outside the
+    reduction: the stack slots land in the entry block), a runtime weight zero point."""
+    x = np.arange(9, dtype=np.uint8).reshape(1, 1, 3, 3)
+    feeds = {"x": x, "x_zp": np.array(1, np.uint8), "w_zp": np.array(2, np.uint8)}
+    model = _model("ConvInteger", feeds, {"w": np.full((1, 1, 2, 2), 5, np.uint8)}, ["x", "w", "x_zp", "w_zp"],
+                   TensorProto.INT32)
     _exact(_polyml(model, feeds), ReferenceEvaluator(model).run(None, feeds)[0])
 
 
