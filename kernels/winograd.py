@@ -130,18 +130,18 @@ def _forced() -> int | None:
 
 def choose_tile(c: int, k: int, out: tuple[int, int]) -> int:
     """The output tile ``m`` (2 or 4) for a C→K 3×3/1 convolution with this output, 0: no
-    Winograd.  Rule from the per-layer table in docs/PERFORMANCE.md (issue 14; 2 threads,
-    Winograd / packed GEMM): maps of 28 and more with 32+ channels gain most from F(4×4)
-    (0.16-0.69; 256->256 @56 0.39, 512->512 @28 0.40), 14×14 maps with 128+ channels from F(2×2)
-    (256->256 0.48, 512->512 0.34; F(4×4) 0.9: its 16 tiles fill half a register tile of
-    columns), while 7×7 maps (1.0-4x slower: 16 or 4 tiles), 13×13 maps with few input channels and
-    16-channel inputs (the products are too thin to amortize the transforms) keep the GEMM."""
+    Winograd.  Rule from the per-layer tables in docs/PERFORMANCE.md (issue 14; 2 threads,
+    loaded host, Winograd / packed GEMM): maps of 24 and more with 32+ channels gain most from
+    F(4×4) (0.17-0.67: 128->128 @28 0.17, 256->256 @56 0.39, 32->128 @27 0.49, 64->64 @56 0.67),
+    14×14 maps with 96+ channels from F(2×2) (0.24-0.75; F(4×4)'s 16 tiles fill half a register
+    tile of columns), while 7×7 maps (1.0-4× slower: 16 or 4 tiles) and 16-channel inputs (too
+    thin a reduction to pay for the transforms) keep the GEMM."""
     forced = _forced()
     if forced is not None:
         return forced
     if c >= 32 and k >= 32 and min(out) >= 24:
         return 4
-    if c >= 128 and k >= 128 and min(out) >= 14:
+    if c >= 96 and k >= 96 and min(out) >= 14:
         return 2
     return 0
 
