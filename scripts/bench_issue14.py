@@ -20,7 +20,8 @@ with the new kernel paths (``conv=auto``) and with the old nests (``conv=direct`
 onnxruntime, interleaved in one process; and the SiLU rewrite (:mod:`polyml.passes.silu`) on and
 off after the convolutions that carry it in EfficientNet-B0::
 
-    GOMP_SPINCOUNT=1000 .venv/bin/python scripts/bench_issue14.py layers --threads 2 --repeat 30
+    GOMP_SPINCOUNT=1000 .venv/bin/python scripts/bench_issue14.py layers --threads 2 --repeat 30 [--winograd]
+    .venv/bin/python scripts/bench_issue14.py layers --threads 1 --clock cpu   # robust on a loaded host
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ import os
 import statistics
 import subprocess
 import tempfile
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -194,10 +196,16 @@ def compare_builds(model: onnx.ModelProto, builds: dict[str, Callable[[Path, Pat
     return {k: statistics.median(v) * 1e3 for k, v in benchmark.measure(runners, repeat=repeat, **timing).items()}
 
 
+def cpu_clock(args: argparse.Namespace) -> dict:
+    """``--clock cpu``: process CPU time per call (all threads summed; robust on a loaded host at
+    1 thread, where it is the kernel's own time, not the time it waited for a core)."""
+    return {"clock": time.process_time} if args.clock == "cpu" else {}
+
+
 def cmd_layers(args: argparse.Namespace) -> None:
     import polyml.passes.fuse as fuse
 
-    timing = {"warmup": args.warmup, "block": args.block, "settle_s": args.settle}
+    timing = {"warmup": args.warmup, "block": args.block, "settle_s": args.settle, **cpu_clock(args)}
     t = args.threads
 
     def conv_build(choice: str) -> Callable[[Path, Path], object]:
@@ -272,6 +280,8 @@ def main() -> None:
     layers = sub.add_parser("layers", help="per-layer new path vs old nests vs onnxruntime")
     layers.add_argument("--threads", type=int, default=2)
     layers.add_argument("--repeat", type=int, default=30)
+    layers.add_argument("--clock", choices=("wall", "cpu"), default="wall",
+                        help="cpu: process CPU time per call (use with --threads 1 on a loaded host)")
     layers.add_argument("--winograd", action="store_true", help="the 3x3/1 table: Winograd F(2x2), F(4x4), packed GEMM")
     for p in (table, layers):
         p.add_argument("--warmup", type=int, default=3, help="untimed runs per runner before the blocks")
