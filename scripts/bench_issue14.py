@@ -122,7 +122,7 @@ def cmd_table(args: argparse.Namespace) -> None:
     if args.keras:
         paths.append(Path(args.keras))
     peers = [p for p in args.peers.split(",") if p]
-    timing = {"warmup": args.warmup, "block": args.block, "settle_s": args.settle}
+    timing = {"warmup": args.warmup, "block": args.block, "settle_s": args.settle, **cpu_clock(args)}
     rows = []
     head = "| model | threads | polyml ms | " + " | ".join(f"{p} ms" for p in peers) + " | " + \
         " | ".join(f"polyml/{p}" for p in peers) + " | max rel err |"
@@ -277,6 +277,8 @@ def main() -> None:
     table.add_argument("--keras", default="", help="Keras MobileNetV2 .pb (scripts/freeze_keras.py)")
     table.add_argument("--repeat", type=int, default=20)
     table.add_argument("--json", dest="json_file", default="")
+    table.add_argument("--clock", choices=("wall", "cpu"), default="wall",
+                       help="cpu: process CPU time per call (meaningful at --threads 1 on a loaded host)")
     layers = sub.add_parser("layers", help="per-layer new path vs old nests vs onnxruntime")
     layers.add_argument("--threads", type=int, default=2)
     layers.add_argument("--repeat", type=int, default=30)
