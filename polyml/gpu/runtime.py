@@ -101,6 +101,9 @@ def load_artifact(directory: str | os.PathLike, target: str | None = None):  # n
         return EmulatedModel(directory)
     if is_cuda_artifact(directory):
         return CudaModel(directory)
+    if target == "cuda":
+        raise ModelFormatError(f"{directory}: --target cuda runs CUDA builds (polyml build --target cuda); this folder "
+                               "is not one")
     from polyml.runtime.model import CompiledModel
 
     return CompiledModel(directory)
