@@ -216,6 +216,7 @@ QCONV_CASES = [
     ((1, 32, 12, 13), (32, 1, 3, 3), {"group": 32, "pads": [1, 1, 1, 1], "strides": [2, 2]}),
     ((1, 8, 10, 10), (16, 2, 3, 3), {"group": 4, "pads": [1, 1, 1, 1]}),
     ((2, 6, 20), (10, 6, 5), {"pads": [2, 1]}),
+    ((1, 256, 5, 5), (512, 256, 1, 1), {}),  # one column tile: the threads split the rows
 ]
 
 
@@ -293,6 +294,20 @@ def test_integer_blocking_by_isa(features: str, expect: tuple) -> None:
     blk = host_iblocking(features, 32 << 10, 1 << 20)
     assert (blk.variant, blk.mr, blk.nr) == expect
     assert blk.kc % 4 == 0 and blk.nr % blk.width == 0 and blk.mc % blk.mr == 0
+
+
+def test_scratch_covers_the_block_layout() -> None:
+    """A thread's scratch holds the block function's layout for any share: the W block is laid
+    out for min(mc, M) rows whatever the share (row splits once overran the next slot)."""
+    from polyml.codegen import igemm
+
+    blk = igemm.host_iblocking("+avx512f,+avx512bw,+avx512vnni", 32 << 10, 1 << 20)
+    spec = igemm.IGemmSpec(512, 25, 256, None, igemm.matrix_loader(1, 25), 2, True, False, lambda *a: None,
+                           prepacked_w=True)
+    kc = igemm.block_kc(spec, blk)
+    layout = 64 * -(-4 * blk.mr * blk.nr // 64) + 64 * -(-min(blk.mc, 512) * kc // 64) + kc * blk.nr
+    for share in (8, 96, 256, 512):
+        assert igemm.scratch_bytes(spec, blk, share, 25) >= layout
 
 
 def test_integer_blocking_override_errors(monkeypatch) -> None:

@@ -239,9 +239,11 @@ def block_kc(spec: IGemmSpec, blk: IBlocking) -> int:
 
 def scratch_bytes(spec: IGemmSpec, blk: IBlocking, m_part: int, n_part: int) -> int:
     """Bytes of scratch one thread needs for an ``m_part × n_part`` share: the edge tile
-    (int32), the W block and the X block (16-byte aligned)."""
+    (int32), the W block and the X block (64-byte aligned).  The W block is sized by the
+    whole M, as :func:`block_function` lays the scratch out (the X block follows it), not by
+    the share: a row split with shares below ``mc`` overran the next thread's scratch."""
     kc = block_kc(spec, blk)
-    mc = _round_up(min(blk.mc, m_part), blk.mr)
+    mc = _round_up(min(blk.mc, spec.m), blk.mr)
     nc = _round_up(min(blk.nc, n_part), blk.nr)
     sizes = [4 * blk.mr * blk.nr, blk.elem_bytes * mc * kc, blk.elem_bytes * kc * nc]
     return sum(_round_up(s, 64) for s in sizes)
