@@ -84,6 +84,33 @@ def choose(scop: Mapping) -> Choice:
     return Choice(DEFAULT, "polyml's pipeline")
 
 
+#: the default policy's fallback where polyml's pipeline would walk memory worse than the
+#: source order: keep the schedule, run its parallel loop on threads, prepare the vectorizer
+KEEP = "parallel,vectorize{width=1}"
+
+
+def apply_default(scop: Mapping, threads: int = 0) -> tuple[dict, str]:
+    """The default policy on one SCoP: the new JSCoP and the pipeline that made it.
+
+    A matrix product goes to Polly (:func:`choose`).  Otherwise :data:`DEFAULT` runs, and its
+    result is kept unless its innermost loops walk memory worse than the source order's
+    (:func:`polyml.passes.vectorize.innermost_score`: +rank per stride-1 access, -rank per
+    strided one): isl maximises outer parallelism, and on a matrix-vector product it puts the row loop
+    innermost (atax's ``y[j] += A[i][j] * tmp[i]`` read A down its columns: 0.54x -O3); then
+    :data:`KEEP` runs on the original schedule instead."""
+    from polyml.passes.vectorize import innermost_score
+
+    from polyml import passes
+
+    choice = choose(scop)
+    text = with_threads(choice.pipeline, threads)
+    out = passes.run(passes.parse_pipeline(text), dict(scop))
+    if choice.pipeline == DEFAULT and innermost_score(out) < innermost_score(dict(scop)):
+        text = with_threads(KEEP, threads)
+        out = passes.run(passes.parse_pipeline(text), dict(scop))
+    return out, text
+
+
 def with_threads(pipeline: str, threads: int) -> str:
     """``pipeline`` with ``parallel{threads=N}``; ``threads == 1`` drops the parallel pass."""
     from polyml.passes import split_pipeline

@@ -21,8 +21,8 @@ class Vectorize(Pass):
 
     For every band with no band below it, each member is scored by the accesses of its
     statements: moving one step along the member (the other members fixed) must move an
-    access by one element in its last dimension (*stride 1*, counts +1), not at all
-    (*invariant*, 0) or otherwise (*strided*, −1).  The best-scoring member that is parallel
+    access by one element in its last dimension (*stride 1*, counts +r for an array of rank r),
+    not at all (*invariant*, 0) or otherwise (*strided*, −r).  The best-scoring member that is parallel
     (coincident: no dependence between its iterations, so LLVM may run them in any order) goes
     innermost — legal because the band is permutable — and with ``width`` > 1 it is
     strip-mined, ``j → ⌊j/W⌋, j``, so the innermost loop runs W iterations (the vector
@@ -123,7 +123,8 @@ def _accesses(scop: dict) -> dict[str, list[isl.Map]]:
 
 
 def stride_score(node: isl.ScheduleNode, k: int, accesses: dict[str, list[isl.Map]]) -> int:
-    """+1 per stride-1 access, −1 per strided one, when member ``k`` of band ``node`` steps by one."""
+    """+r per stride-1 access, −r per strided one (r: the array's rank), when member ``k`` of
+    band ``node`` steps by one."""
     members = sched.band_members(node)
     n = len(members)
     band = members[0]
@@ -158,7 +159,7 @@ def stride_score(node: isl.ScheduleNode, k: int, accesses: dict[str, list[isl.Ma
             unit = isl.Set(f"{{ {arr}[{', '.join(['0'] * (rank - 1) + ['1'])}] }}")
             if d.is_subset(zero):
                 continue
-            score += 1 if d.is_subset(unit) else -1
+            score += rank if d.is_subset(unit) else -rank  # a matrix walked badly costs more than a vector
     return score
 
 
@@ -217,3 +218,12 @@ def strip_mine(node: isl.ScheduleNode, deps: isl.UnionMap, width: int) -> tuple[
         ctx.set_tile_scale_tile_loops(saved[0])
         ctx.set_tile_shift_point_loops(saved[1])
     return node.child(0), 2 if n > 1 else 1
+
+
+def innermost_score(scop: dict) -> int:
+    """:func:`stride_score` of the innermost loop of every innermost band, summed: how well the
+    schedule's innermost loops walk memory (the default policy compares schedules with it)."""
+    tree = sched.tree(scop)
+    accesses = _accesses(scop)
+    return sum(stride_score(node, node.band_n_member() - 1, accesses)
+               for node in sched.bands(tree) if not _has_band_below(node))

@@ -51,9 +51,13 @@ def run(src: Path, out: Path, work: Path, pipeline: str | None, edited: Mapping[
     edited = edited or {}
     found = detect(src)
     chosen: dict[str, str] = {}
+    ready: dict[str, dict] = {}  # the default policy's results, computed while choosing
     for s in found.scops:
         if pipeline is None:
-            chosen[s.file_name] = P.with_threads(P.choose(s.jscop).pipeline, threads)
+            if P.choose(s.jscop).pipeline == P.POLLY:
+                chosen[s.file_name] = P.with_threads(P.POLLY, threads)
+            else:
+                ready[s.file_name], chosen[s.file_name] = P.apply_default(s.jscop, threads)
         elif pipeline:
             chosen[s.file_name] = P.with_threads(pipeline, threads) if threads else pipeline
     to_polly = sorted({s.function for s in found.scops if _is_polly(chosen.get(s.file_name, ""))})
@@ -63,6 +67,8 @@ def run(src: Path, out: Path, work: Path, pipeline: str | None, edited: Mapping[
         if scop.function in to_polly:
             return None
         start = edited.get(scop.file_name)
+        if start is None and scop.file_name in ready:
+            return ready[scop.file_name]
         text = chosen.get(scop.file_name, "")
         if start is None and not text:
             return None
@@ -219,13 +225,17 @@ def pipeline_jscops(sources: Mapping[str, Path], text: str, policies: Mapping[st
         for s in det.scops:
             if _policy(s.function, policies) not in PASS_POLICIES:
                 continue
-            chosen = P.choose(s.jscop).pipeline if text == "default" else text
-            chosen = P.with_threads(chosen, threads) if threads else chosen
-            if _is_polly(chosen):
-                continue
-            if chosen not in parsed:
-                parsed[chosen] = passes.parse_pipeline(chosen)
-            new = passes.run(parsed[chosen], s.jscop)
+            if text == "default":
+                if P.choose(s.jscop).pipeline == P.POLLY:
+                    continue
+                new, _ = P.apply_default(s.jscop, threads)
+            else:
+                chosen = P.with_threads(text, threads) if threads else text
+                if _is_polly(chosen):
+                    continue
+                if chosen not in parsed:
+                    parsed[chosen] = passes.parse_pipeline(chosen)
+                new = passes.run(parsed[chosen], s.jscop)
             if not importable.same_schedules(s.jscop, new):
                 out[s.file_name] = new
     return found, out
