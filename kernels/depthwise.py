@@ -2,7 +2,9 @@
 one plane at a time, on a phase-split padded copy in L1/L2, with explicit vectors along a
 flattened output plane.
 
-For each plane ``(n, c)`` (planes split statically over the threads, each with its own scratch):
+For each plane ``(n, c)`` (planes split statically over the threads, each with its own scratch;
+small planes in groups of up to :data:`GROUP_FLOATS` floats of scratch, all copied in before
+any is accumulated):
 
 1. *Copy in*: the padded input ``xpad[r][q]`` (pads zero) is stored split into ``sh × sw`` phase
    planes, ``xph[r % sh][q % sw][r // sh][q // sw]``, each ``R × P`` (``R = ⌈Hreq/sh⌉``,
@@ -49,6 +51,10 @@ from polyml.graph import Node, TensorType
 #: planes·taps·outputs below which the convolution runs on one thread (the fork/join of a
 #: parallel region costs more than it saves)
 PARALLEL_MIN_MACS = 1 << 16
+#: scratch floats per thread for a group of small planes: all of a group's planes are copied in
+#: before the first is computed, so the accumulation's vector loads do not read the copy's
+#: narrow stores just made (a failed store-to-load forward per load; 7x7 and 14x14 planes)
+GROUP_FLOATS = 8192
 
 
 @dataclass(frozen=True)
@@ -95,8 +101,18 @@ class DepthwisePlan:
         return max(sh * sw * self.rows * self.pitch, far + self.flat)
 
     @property
-    def per_thread(self) -> int:
+    def per_plane(self) -> int:
         return self.in_floats + self.flat
+
+    @property
+    def group(self) -> int:
+        """Planes copied in before any of them is computed (:data:`GROUP_FLOATS`)."""
+        share = -(-self.batch * self.channels // self.parts)
+        return max(1, min(share, GROUP_FLOATS // self.per_plane))
+
+    @property
+    def per_thread(self) -> int:
+        return self.group * self.per_plane
 
     @property
     def scratch(self) -> TensorType:
@@ -135,59 +151,70 @@ def _chain_is_per_channel(k: KernelBuilder) -> bool:
 
 def convolve_depthwise(k: KernelBuilder, plan: DepthwisePlan, scratch: Buffer) -> bool:
     """Emit the depthwise convolution into ``k`` (module docstring); True: the fused chain ran."""
-    x, w, y = k.inputs[0], k.inputs[1], k.outputs[0]
-    bias = k.inputs[2] if len(k.inputs) > 2 else None
-    chain = k.node.attrs.get("epilogue")
-    extras = {b.name: b for b in k.inputs[k.node.attrs["epilogue_start"]:] if b is not None} if chain else {}
-    flat_chain = bool(chain) and _chain_is_per_channel(k)
+    x = k.inputs[0]
     lanes, win = plan.lanes, plan.win
     if lanes == 16:
         set.add(k.fn.attributes, '"min-legal-vector-width"="512"')
     planes = plan.batch * plan.channels
     share = -(-planes // plan.parts)
-    (h, wd), (kh, kw) = win.size, win.kernel
-    oh_n, ow_n = win.out
-    pitch, flat = plan.pitch, plan.flat
+    h, wd = win.size
     f32p = F32.as_pointer()
     vec = ir.VectorType(F32, lanes)
     fma = k.module.globals.get(f"llvm.fma.v{lanes}f32") or ir.Function(
         k.module, ir.FunctionType(vec, [vec, vec, vec]), f"llvm.fma.v{lanes}f32")
-    taps = [(i, j, plan.tap_offset(i, j)) for i in range(kh) for j in range(kw)]
 
     with k.parallel_loop(0, plan.parts, "dw") as part:
         b = k.b
-        work = b.gep(b.bitcast(scratch.ptr, f32p), [b.mul(part, _c(plan.per_thread))], inbounds=True)
-        acc = b.gep(work, [_c(plan.in_floats)], inbounds=True)
-        with packed.for_range(b, 0, plan.in_floats, name="dw.zero") as z:
-            b.store(ir.Constant(F32, 0.0), b.gep(work, [z], inbounds=True))
+        base = b.gep(b.bitcast(scratch.ptr, f32p), [b.mul(part, _c(plan.per_thread))], inbounds=True)
+        with packed.for_range(b, 0, plan.per_thread, name="dw.zero") as z:
+            b.store(ir.Constant(F32, 0.0), b.gep(base, [z], inbounds=True))
         lo = b.mul(part, _c(share))
         hi = b.select(b.icmp_signed("<", b.add(lo, _c(share)), _c(planes)), b.add(lo, _c(share)), _c(planes))
-        with packed.for_range(b, lo, hi, name="dw.plane") as pn:
-            n, c = b.udiv(pn, _c(plan.channels)), b.urem(pn, _c(plan.channels))
-            src = b.gep(b.bitcast(x.ptr, f32p), [b.mul(pn, _c(h * wd))], inbounds=True)
-            _copy_in(b, plan, src, work)
-            # acc[f] = b[c] + Σ w[c, i, j] · xph[f + off(i, j)], L outputs per step
-            wbase = b.gep(b.bitcast(w.ptr, f32p), [b.mul(c, _c(kh * kw))], inbounds=True)
-            weights = [_splat(b, b.load(b.gep(wbase, [_c(i * kw + j)], inbounds=True)), vec) for i, j, _ in taps]
-            start = _splat(b, bias.load([c]), vec) if bias is not None else ir.Constant(vec, [0.0] * lanes)
-            with packed.for_range(b, 0, flat, lanes, name="dw.f") as f:
-                s = start
-                for (_, _, off), wv in zip(taps, weights):
-                    ptr = b.bitcast(b.gep(work, [b.add(f, _c(off))], inbounds=True), vec.as_pointer())
-                    s = b.call(fma, [wv, b.load(ptr, align=4), s])
-                b.store(s, b.bitcast(b.gep(acc, [f], inbounds=True), vec.as_pointer()), align=4)
-            if flat_chain:
-                with packed.for_range(b, 0, flat, name="dw.epi") as f:
-                    at = b.gep(acc, [f], inbounds=True)
-                    b.store(evaluate_chain(k, chain, {k.node.attrs["epilogue_acc"]: b.load(at)}, extras, [n, c, _c(0), _c(0)]), at)
-            y_plane = b.gep(b.bitcast(y.ptr, f32p), [b.mul(pn, _c(oh_n * ow_n))], inbounds=True)
-            with packed.for_range(b, 0, oh_n, name="dw.oh") as oh:
-                with packed.for_range(b, 0, ow_n, name="dw.ow") as ow:
-                    v = b.load(b.gep(acc, [b.add(b.mul(oh, _c(pitch)), ow)], inbounds=True))
-                    if chain and not flat_chain:
-                        v = evaluate_chain(k, chain, {k.node.attrs["epilogue_acc"]: v}, extras, [n, c, oh, ow])
-                    b.store(v, b.gep(y_plane, [b.add(b.mul(oh, _c(ow_n)), ow)], inbounds=True))
-    return bool(chain)
+        with packed.for_range(b, lo, hi, plan.group, name="dw.group") as g0:
+            g1 = b.select(b.icmp_signed("<", b.add(g0, _c(plan.group)), hi), b.add(g0, _c(plan.group)), hi)
+            with packed.for_range(b, g0, g1, name="dw.copy") as pn:
+                work = b.gep(base, [b.mul(b.sub(pn, g0), _c(plan.per_plane))], inbounds=True)
+                _copy_in(b, plan, b.gep(b.bitcast(x.ptr, f32p), [b.mul(pn, _c(h * wd))], inbounds=True), work)
+            with packed.for_range(b, g0, g1, name="dw.plane") as pn:
+                _plane(k, plan, pn, b.gep(base, [b.mul(b.sub(pn, g0), _c(plan.per_plane))], inbounds=True), fma, vec)
+    return bool(k.node.attrs.get("epilogue"))
+
+
+def _plane(k: KernelBuilder, plan: DepthwisePlan, pn: ir.Value, work: ir.Value, fma: ir.Function,
+           vec: ir.VectorType) -> None:
+    """Accumulate, epilogue and crop of plane ``pn`` whose phase-split copy is at ``work``."""
+    b, win = k.b, plan.win
+    w, y = k.inputs[1], k.outputs[0]
+    bias = k.inputs[2] if len(k.inputs) > 2 else None
+    chain = k.node.attrs.get("epilogue")
+    extras = {buf.name: buf for buf in k.inputs[k.node.attrs["epilogue_start"]:] if buf is not None} if chain else {}
+    flat_chain = bool(chain) and _chain_is_per_channel(k)
+    (kh, kw), (oh_n, ow_n) = win.kernel, win.out
+    pitch, flat, lanes, f32p = plan.pitch, plan.flat, plan.lanes, F32.as_pointer()
+    taps = [(i, j, plan.tap_offset(i, j)) for i in range(kh) for j in range(kw)]
+    acc = b.gep(work, [_c(plan.in_floats)], inbounds=True)
+    n, c = b.udiv(pn, _c(plan.channels)), b.urem(pn, _c(plan.channels))
+    # acc[f] = b[c] + Σ w[c, i, j] · xph[f + off(i, j)], L outputs per step
+    wbase = b.gep(b.bitcast(w.ptr, f32p), [b.mul(c, _c(kh * kw))], inbounds=True)
+    weights = [_splat(b, b.load(b.gep(wbase, [_c(i * kw + j)], inbounds=True)), vec) for i, j, _ in taps]
+    start = _splat(b, bias.load([c]), vec) if bias is not None else ir.Constant(vec, [0.0] * lanes)
+    with packed.for_range(b, 0, flat, lanes, name="dw.f") as f:
+        s = start
+        for (_, _, off), wv in zip(taps, weights):
+            ptr = b.bitcast(b.gep(work, [b.add(f, _c(off))], inbounds=True), vec.as_pointer())
+            s = b.call(fma, [wv, b.load(ptr, align=4), s])
+        b.store(s, b.bitcast(b.gep(acc, [f], inbounds=True), vec.as_pointer()), align=4)
+    if flat_chain:
+        with packed.for_range(b, 0, flat, name="dw.epi") as f:
+            at = b.gep(acc, [f], inbounds=True)
+            b.store(evaluate_chain(k, chain, {k.node.attrs["epilogue_acc"]: b.load(at)}, extras, [n, c, _c(0), _c(0)]), at)
+    y_plane = b.gep(b.bitcast(y.ptr, f32p), [b.mul(pn, _c(oh_n * ow_n))], inbounds=True)
+    with packed.for_range(b, 0, oh_n, name="dw.oh") as oh:
+        with packed.for_range(b, 0, ow_n, name="dw.ow") as ow:
+            v = b.load(b.gep(acc, [b.add(b.mul(oh, _c(pitch)), ow)], inbounds=True))
+            if chain and not flat_chain:
+                v = evaluate_chain(k, chain, {k.node.attrs["epilogue_acc"]: v}, extras, [n, c, oh, ow])
+            b.store(v, b.gep(y_plane, [b.add(b.mul(oh, _c(ow_n)), ow)], inbounds=True))
 
 
 def _splat(b: ir.IRBuilder, v: ir.Value, vec: ir.VectorType) -> ir.Value:

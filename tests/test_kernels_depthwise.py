@@ -29,6 +29,7 @@ CASES = [
     ((1, 33, 3, 5), (3, 3), {"pads": [1, 1, 1, 1]}),
     ((1, 8, 1, 1), (3, 3), {"pads": [1, 1, 1, 1]}),
     ((1, 24, 56, 56), (3, 3), {"pads": [1, 1, 1, 1], "strides": [2, 2]}),
+    ((2, 61, 7, 7), (3, 3), {"pads": [1, 1, 1, 1]}),  # groups of planes, a partial last group
 ]
 
 
@@ -113,3 +114,5 @@ def test_depthwise_plan_choice() -> None:
     assert plan.flat % plan.lanes == 0 and plan.flat >= 7 * 8
     assert plan.tap_offset(0, 0) == 0 and plan.tap_offset(1, 1) == 3 * 64
     assert plan.tap_offset(2, 2) == 8 + 1
+    # 8 small planes: one group per thread share, each plane its own copy and accumulator
+    assert plan.group == -(-8 // plan.parts) and plan.per_thread == plan.group * (plan.in_floats + plan.flat)
