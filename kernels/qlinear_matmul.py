@@ -207,9 +207,10 @@ class _IntegerProduct(Kernel):
             dst = b.gep(ops[2], [b.mul(b.add(b.mul(j, ir.Constant(I64, n)), i), ir.Constant(I64, out_bytes))])
             store_output(b, v, dst, tables.load(b, mult, i) if rq is not None else None, rq)
 
-        spec = igemm.IGemmSpec(n, rows, kk, None if prepacked else igemm.matrix_loader(0, n, transposed=True),
-                               igemm.matrix_loader(1, kk, transposed=True), len(operands), b_dtype == "int8",
-                               a_dtype == "int8", epilogue, prepacked_w=prepacked, epilogue_cols_outer=True)
+        spec = igemm.IGemmSpec(n, rows, kk, None if prepacked else igemm.matrix_loader(0, n, transposed=True), None,
+                               len(operands), b_dtype == "int8", a_dtype == "int8", epilogue,
+                               pack_x=igemm.transposed_packer(1, kk, kk, rows, blk, a_dtype == "int8"),
+                               prepacked_w=prepacked, epilogue_cols_outer=True)
         igemm.emit(k, spec, operands, c if igemm.needs_c(kk) else None, scratch)
 
     def _nests(self, k: KernelBuilder, ins: list[Operand | None]) -> None:

@@ -481,6 +481,42 @@ def _convert_vector(b: ir.IRBuilder, v: ir.Value, blk: IBlocking, signed: bool) 
     return b.sext(v, wide) if signed else b.zext(v, wide)
 
 
+def transposed_packer(index: int, ld: int, k_total: int, columns: int, blk: IBlocking, signed: bool) -> Packer:
+    """Packs X panels of ``X = Aᵀ`` for a row-major 8-bit ``A`` (operand ``index``, row length
+    ``ld``): ``X[p][j] = A[j][p]``, so a group of ``g`` reduction elements of column ``j`` is
+    ``g`` consecutive bytes of row ``j``: one 32-bit (``vnni``) or 16-bit (``madd``, then
+    widened) load, converted and stored as the panel's word ``[p/g][jj]``.  Rows past the
+    last column repeat it; the reduction's last partial group goes element by element."""
+    g, nr = blk.group, blk.nr
+    whole_groups = k_total // g
+    src_t = ir.IntType(8 * g)
+    elems = ir.VectorType(I8, g)
+
+    def pack(b: ir.IRBuilder, ops: Sequence[ir.Value], dst_panel: ir.Value, pc: ir.Value, kc: ir.Value,
+             kcp: ir.Value, col0: ir.Value) -> None:
+        words = b.bitcast(dst_panel, I32P)
+        # groups entirely inside both the block and K: word copies
+        full_q = _min(b, b.sdiv(kc, _c(g)), b.sub(_c(whole_groups), b.sdiv(pc, _c(g))))
+        with for_range(b, 0, nr, name="tr.jj") as jj:
+            row = _min(b, b.add(col0, jj), _c(columns - 1))
+            src = b.gep(ops[index], [b.add(b.mul(row, _c(ld)), pc)], inbounds=True)
+            with for_range(b, 0, full_q, name="tr.q") as q:
+                v = b.load(b.bitcast(b.gep(src, [b.mul(q, _c(g))], inbounds=True), src_t.as_pointer()), align=1)
+                wv = _convert_vector(b, b.bitcast(v, elems), blk, signed)
+                b.store(b.bitcast(wv, I32), b.gep(words, [b.add(b.mul(q, _c(nr)), jj)], inbounds=True))
+            # the rest of the block's groups (K's last partial group, or none): element by element
+            with for_range(b, b.mul(full_q, _c(g)), kcp, name="tr.p") as p:
+                live = b.icmp_signed("<", b.add(pc, p), _c(k_total))
+                live = b.and_(live, b.icmp_signed("<", p, kc))
+                at = _min(b, p, b.sub(_c(k_total - 1), pc))
+                v = _convert(b, b.load(b.gep(src, [at], inbounds=True)), blk, signed, "x")
+                dst = b.gep(dst_panel, [b.add(b.add(b.mul(b.udiv(p, _c(g)), _c(nr * g)), b.mul(jj, _c(g))),
+                                              b.urem(p, _c(g)))], inbounds=True)
+                b.store(b.select(live, v, ir.Constant(blk.elem, 0)), dst)
+
+    return pack
+
+
 def rows_packer(row_ptr: Callable[[ir.IRBuilder, Sequence[ir.Value], ir.Value], ir.Value], k_total: int, columns: int,
                 blk: IBlocking, signed: bool) -> Packer:
     """Packs X panels of a matrix whose rows are contiguous runs of bytes, ``X[p][j] =
