@@ -35,8 +35,97 @@ pytestmark = [pytest.mark.nodesuite, pytest.mark.emulator_full,
 
 NODE_SUITE = "OnnxBackendNodeModelTest"
 
-#: eligible cases the CUDA build refuses, with the reason (the start of its error message)
-EXCLUDED: dict[str, str] = {}
+#: eligible cases the CUDA build refuses (GpuLoweringError, UnsupportedError), with the reason: the
+#: message (for an UnsupportedError, the node's line after its name)
+EXCLUDED: dict[str, str] = {
+    'test_acos': "'y': acosf has no device implementation",
+    'test_acos_example': "'y': acosf has no device implementation",
+    'test_acosh': "'y': acoshf has no device implementation",
+    'test_acosh_example': "'y': acoshf has no device implementation",
+    'test_asin': "'y': asinf has no device implementation",
+    'test_asin_example': "'y': asinf has no device implementation",
+    'test_asinh': "'y': asinhf has no device implementation",
+    'test_asinh_example': "'y': asinhf has no device implementation",
+    'test_atan': "'y': atanf has no device implementation",
+    'test_atan_example': "'y': atanf has no device implementation",
+    'test_atanh': "'y': atanhf has no device implementation",
+    'test_atanh_example': "'y': atanhf has no device implementation",
+    'test_bitwise_and_ui8_bcast_4v3d': "input 0 ('x') is uint8; supported: int32, int64",
+    'test_bitwise_not_4d': "input 0 ('x') is uint8; supported: int32, int64",
+    'test_bitwise_or_i16_4d': "input 0 ('x') is int8; supported: int32, int64",
+    'test_bitwise_or_ui8_bcast_4v3d': "input 0 ('x') is uint8; supported: int32, int64",
+    'test_bitwise_xor_ui8_bcast_4v3d': "input 0 ('x') is uint8; supported: int32, int64",
+    'test_celu': "'Y': expm1f has no device implementation",
+    'test_constant_pad': "Pad node 'y': memory is accessed outside a loop nest, which no GPU kernel would execute",
+    'test_constant_pad_axes': "Pad node 'y': memory is accessed outside a loop nest, which no GPU kernel would execute",
+    'test_constant_pad_negative_axes': "Pad node 'y': memory is accessed outside a loop nest, which no GPU kernel would execute",
+    'test_convinteger_with_padding': "'y': an address not derived from a buffer argument",
+    'test_convinteger_without_padding': "'y': an address not derived from a buffer argument",
+    'test_cosh': "'y': coshf has no device implementation",
+    'test_cosh_example': "'y': coshf has no device implementation",
+    'test_dynamicquantizelinear': "DynamicQuantizeLinear node 'y': memory is accessed outside a loop nest, which no GPU kernel would execute",
+    'test_dynamicquantizelinear_max_adjusted': "DynamicQuantizeLinear node 'y': memory is accessed outside a loop nest, which no GPU kernel would execute",
+    'test_dynamicquantizelinear_min_adjusted': "DynamicQuantizeLinear node 'y': memory is accessed outside a loop nest, which no GPU kernel would execute",
+    'test_elu': "'y': expm1f has no device implementation",
+    'test_elu_default': "'y': expm1f has no device implementation",
+    'test_elu_example': "'y': expm1f has no device implementation",
+    'test_mish': "'Y': log1pf has no device implementation",
+    'test_mish_expanded': "'fused_Y': log1pf has no device implementation",
+    'test_qlinearconv': "'y': an address not derived from a buffer argument",
+    'test_qlinearmatmul_2D_int8_float32': "'y': an address not derived from a buffer argument",
+    'test_qlinearmatmul_2D_uint8_float32': "'y': an address not derived from a buffer argument",
+    'test_qlinearmatmul_3D_int8_float32': "'y': an address not derived from a buffer argument",
+    'test_qlinearmatmul_3D_uint8_float32': "'y': an address not derived from a buffer argument",
+    'test_resize_downsample_scales_cubic': 'this lowering passes no compile-time tables (Kernel.constants); Resize runs on the CPU target only',
+    'test_resize_downsample_scales_cubic_A_n0p5_exclude_outside': 'this lowering passes no compile-time tables (Kernel.constants); Resize runs on the CPU target only',
+    'test_resize_downsample_scales_cubic_align_corners': 'this lowering passes no compile-time tables (Kernel.constants); Resize runs on the CPU target only',
+    'test_resize_downsample_scales_cubic_antialias': 'this lowering passes no compile-time tables (Kernel.constants); Resize runs on the CPU target only',
+    'test_resize_downsample_scales_linear': 'this lowering passes no compile-time tables (Kernel.constants); Resize runs on the CPU target only',
+    'test_resize_downsample_scales_linear_align_corners': 'this lowering passes no compile-time tables (Kernel.constants); Resize runs on the CPU target only',
+    'test_resize_downsample_scales_linear_antialias': 'this lowering passes no compile-time tables (Kernel.constants); Resize runs on the CPU target only',
+    'test_resize_downsample_scales_linear_half_pixel_symmetric': 'this lowering passes no compile-time tables (Kernel.constants); Resize runs on the CPU target only',
+    'test_resize_downsample_scales_nearest': 'this lowering passes no compile-time tables (Kernel.constants); Resize runs on the CPU target only',
+    'test_resize_downsample_sizes_cubic': 'this lowering passes no compile-time tables (Kernel.constants); Resize runs on the CPU target only',
+    'test_resize_downsample_sizes_cubic_antialias': 'this lowering passes no compile-time tables (Kernel.constants); Resize runs on the CPU target only',
+    'test_resize_downsample_sizes_linear_antialias': 'this lowering passes no compile-time tables (Kernel.constants); Resize runs on the CPU target only',
+    'test_resize_downsample_sizes_linear_pytorch_half_pixel': 'this lowering passes no compile-time tables (Kernel.constants); Resize runs on the CPU target only',
+    'test_resize_downsample_sizes_nearest': 'this lowering passes no compile-time tables (Kernel.constants); Resize runs on the CPU target only',
+    'test_resize_downsample_sizes_nearest_not_larger': 'this lowering passes no compile-time tables (Kernel.constants); Resize runs on the CPU target only',
+    'test_resize_downsample_sizes_nearest_not_smaller': 'this lowering passes no compile-time tables (Kernel.constants); Resize runs on the CPU target only',
+    'test_resize_tf_crop_and_resize': 'this lowering passes no compile-time tables (Kernel.constants); Resize runs on the CPU target only',
+    'test_resize_tf_crop_and_resize_axes_2_3': 'this lowering passes no compile-time tables (Kernel.constants); Resize runs on the CPU target only',
+    'test_resize_tf_crop_and_resize_axes_3_2': 'this lowering passes no compile-time tables (Kernel.constants); Resize runs on the CPU target only',
+    'test_resize_tf_crop_and_resize_extrapolation_value': 'this lowering passes no compile-time tables (Kernel.constants); Resize runs on the CPU target only',
+    'test_resize_upsample_scales_cubic': 'this lowering passes no compile-time tables (Kernel.constants); Resize runs on the CPU target only',
+    'test_resize_upsample_scales_cubic_A_n0p5_exclude_outside': 'this lowering passes no compile-time tables (Kernel.constants); Resize runs on the CPU target only',
+    'test_resize_upsample_scales_cubic_align_corners': 'this lowering passes no compile-time tables (Kernel.constants); Resize runs on the CPU target only',
+    'test_resize_upsample_scales_cubic_asymmetric': 'this lowering passes no compile-time tables (Kernel.constants); Resize runs on the CPU target only',
+    'test_resize_upsample_scales_linear': 'this lowering passes no compile-time tables (Kernel.constants); Resize runs on the CPU target only',
+    'test_resize_upsample_scales_linear_align_corners': 'this lowering passes no compile-time tables (Kernel.constants); Resize runs on the CPU target only',
+    'test_resize_upsample_scales_linear_half_pixel_symmetric': 'this lowering passes no compile-time tables (Kernel.constants); Resize runs on the CPU target only',
+    'test_resize_upsample_scales_nearest': 'this lowering passes no compile-time tables (Kernel.constants); Resize runs on the CPU target only',
+    'test_resize_upsample_scales_nearest_axes_2_3': 'this lowering passes no compile-time tables (Kernel.constants); Resize runs on the CPU target only',
+    'test_resize_upsample_scales_nearest_axes_3_2': 'this lowering passes no compile-time tables (Kernel.constants); Resize runs on the CPU target only',
+    'test_resize_upsample_sizes_cubic': 'this lowering passes no compile-time tables (Kernel.constants); Resize runs on the CPU target only',
+    'test_resize_upsample_sizes_nearest': 'this lowering passes no compile-time tables (Kernel.constants); Resize runs on the CPU target only',
+    'test_resize_upsample_sizes_nearest_axes_2_3': 'this lowering passes no compile-time tables (Kernel.constants); Resize runs on the CPU target only',
+    'test_resize_upsample_sizes_nearest_axes_3_2': 'this lowering passes no compile-time tables (Kernel.constants); Resize runs on the CPU target only',
+    'test_resize_upsample_sizes_nearest_ceil_half_pixel': 'this lowering passes no compile-time tables (Kernel.constants); Resize runs on the CPU target only',
+    'test_resize_upsample_sizes_nearest_floor_align_corners': 'this lowering passes no compile-time tables (Kernel.constants); Resize runs on the CPU target only',
+    'test_resize_upsample_sizes_nearest_not_larger': 'this lowering passes no compile-time tables (Kernel.constants); Resize runs on the CPU target only',
+    'test_resize_upsample_sizes_nearest_not_smaller': 'this lowering passes no compile-time tables (Kernel.constants); Resize runs on the CPU target only',
+    'test_resize_upsample_sizes_nearest_round_prefer_ceil_asymmetric': 'this lowering passes no compile-time tables (Kernel.constants); Resize runs on the CPU target only',
+    'test_selu': "'y': expm1f has no device implementation",
+    'test_selu_default': "'y': expm1f has no device implementation",
+    'test_selu_example': "'y': expm1f has no device implementation",
+    'test_sinh': "'y': sinhf has no device implementation",
+    'test_sinh_example': "'y': sinhf has no device implementation",
+    'test_softplus': "'y': log1pf has no device implementation",
+    'test_softplus_example': "'y': log1pf has no device implementation",
+    'test_tan': "'y': tanf has no device implementation",
+    'test_tan_example': "'y': tanf has no device implementation",
+    'test_upsample_nearest': 'this lowering passes no compile-time tables (Kernel.constants); Resize runs on the CPU target only',
+}
 
 
 class EmulatedRep(PolymlRep):
@@ -75,7 +164,8 @@ def _node_suite() -> type[unittest.TestCase]:
     return cls
 
 
-OnnxBackendNodeModelTest = _node_suite()
+if FULL:  # collecting the suite judges every case (shape inference): only when it runs
+    OnnxBackendNodeModelTest = _node_suite()
 
 
 def test_excluded_cases_are_refused_by_the_cuda_build() -> None:
@@ -91,4 +181,4 @@ def test_excluded_cases_are_refused_by_the_cuda_build() -> None:
             inputs = [np.asarray(i) for i in case.data_sets[0][0]] if case.data_sets else []
             rep.run(inputs)
         assert not isinstance(info.value, EmulationError), f"{name}: {info.value}"
-        assert str(info.value).startswith(EXCLUDED[name]), f"{name}: {info.value}"
+        assert EXCLUDED[name] in str(info.value), f"{name}: {info.value}"
