@@ -72,10 +72,10 @@ typedef struct emu_run {
 
 static __thread emu_run *current;
 
-/* fibre stacks, kept between launches */
+/* fibre stacks, kept between launches (per host thread: launches on several threads do not share them) */
 #define STACK_BYTES (256 * 1024)
-static char *stacks;
-static size_t stacks_n;
+static __thread char *stacks;
+static __thread size_t stacks_n;
 
 static int ensure_stacks(size_t n) {
     if (n <= stacks_n) return 0;
