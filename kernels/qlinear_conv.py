@@ -6,20 +6,24 @@
 Relu/Clip (``polyml_clip``).  NCHW, 1-3 spatial dims, groups, strides, dilations, pads as
 :mod:`polyml.kernels.conv`.
 
-Two lowerings, exact alike (int32 arithmetic):
+Three lowerings, exact alike (int32 arithmetic), all but the last reading the input *flat*
+(:class:`_Flat`: padded with ``x_zp`` and split into stride phases, so that every tap is a
+constant offset from the output position on the plane pitch):
 
 * ``igemm`` (host builds, 2-D, constant weights with zero points 0 after the micro-kernel's
   shift, at least 8 channels per group and 8 reduction elements, large enough): per batch
-  index and group, ``w[g] (Mg × Cg·taps) · im2col(x[n, g])`` on :mod:`polyml.codegen.igemm`,
-  the im2col panels packed straight from ``x`` (padding = ``x_zp``), the weights pre-packed
-  at compile time, ``x_zp`` folded with the weights' row sums and the bias into one per
-  channel int32 (:class:`polyml.kernels._integer.Corrections`), and the requantization
-  fused in the tile epilogue; batch and groups are the parallel dimension with the tiles.
-* ``direct`` (depthwise and other thin groups, weights with nonzero zero points, 1-D/3-D,
-  GPU lowerings): the input copied into a buffer padded with ``x_zp`` where windows leave
-  it, then per ``n, m`` (parallel) and output row an int32 row accumulator
-  ``acc[ow] += x[.., ow·s + j·d] · (w - w_zp)`` over the channels and taps, vectorized along
-  the row, and ``acc - x_zp · Σ(w - w_zp)`` into the output.
+  index and group, ``w[g] (Mg × Cg·taps) · X`` on :mod:`polyml.codegen.igemm`, ``X``'s rows
+  (a channel and tap each) contiguous runs of the flat input packed by ``rows_packer``, the
+  weights pre-packed at compile time, ``x_zp`` folded with the weights' row sums and the bias
+  into one int32 per channel (:class:`polyml.kernels._integer.Corrections`), the
+  requantization fused in the tile epilogue, the junk columns between rows cropped after;
+  batch and groups are the parallel dimension with the tiles.
+* ``direct`` 2-D (depthwise and other thin groups, weights with nonzero zero points, GPU
+  lowerings): per ``n, m`` (parallel) one vectorized loop over the flat output positions
+  summing all taps (:meth:`_IntegerConv._direct_flat`).
+* ``direct`` 1-D/3-D: the input copied into a buffer padded with ``x_zp``, then per ``n, m``
+  and output row an int32 row accumulator ``acc[ow] += x[.., ow·s + j·d] · (w - w_zp)``
+  over the channels and taps, and ``acc - x_zp · Σ(w - w_zp)`` into the output.
 """
 
 from __future__ import annotations

@@ -4,7 +4,8 @@
 does for floats, with ``W`` the *weight side* (``M × K``, broadcast by the micro-kernel) and
 ``X`` the *activation side* (``K × N``, the vector side).  The quantized kernels
 (:mod:`polyml.kernels.qlinear_matmul`, :mod:`polyml.kernels.qlinear_conv`) always put the
-weights on ``W``: a convolution is ``w (Cout × Cin·taps) · im2col(x)`` as for floats, a
+weights on ``W``: a convolution is ``w (Cout × Cin·taps) · im2col(x)`` as for floats (its input
+read flat, :mod:`polyml.kernels.qlinear_conv`), a
 ``MatMul`` ``A (M × K) · B (K × N)`` is computed transposed, ``Cᵀ = Bᵀ · Aᵀ``, so that per
 output channel quantities (weight zero points, scales, bias) are per row of the product and
 constant weights are pre-packed once at compile time (:func:`prepack_w`).
