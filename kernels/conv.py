@@ -269,7 +269,8 @@ class _Plan:
     ``flat``: stride 1 along height and width and an output width that fills the register
     blocks badly (7, 14, 28 columns): the output is computed on the (padded) input's row pitch,
     one long row per plane, into ``out_temp`` (a few junk columns per row), then cropped.
-    ``direct``: the rest.
+    ``direct``: the rest.  ``depthwise`` and ``winograd``: :mod:`polyml.kernels.depthwise` and
+    :mod:`polyml.kernels.winograd` (their scratch in ``src_temp``).
     """
 
     mode: str
