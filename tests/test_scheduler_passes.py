@@ -172,6 +172,12 @@ def test_distribute_legal_and_illegal() -> None:
 
 def test_default_policy_and_threads() -> None:
     assert P.choose(GEMM).pipeline == "polly"
+    fw = scop(stmt("S", "{ S[k, i, j] : 0 <= k, i, j <= 7 }", "{ S[k, i, j] -> [k, i, j] }",
+                   ("read", "{ S[k, i, j] -> d[i, j] }"), ("read", "{ S[k, i, j] -> d[i, k] }"),
+                   ("read", "{ S[k, i, j] -> d[k, j] }"), ("write", "{ S[k, i, j] -> d[i, j] }")))
+    assert P.choose(fw).pipeline == P.DEFAULT  # floyd-warshall: one array, no product for Polly
+    triangular = json.loads(json.dumps(GEMM).replace("0 <= j <= 7 }", "0 <= j <= i }"))
+    assert P.choose(triangular).pipeline == P.DEFAULT
     assert P.choose(JACOBI1D).pipeline == P.DEFAULT
     assert P.with_threads(P.DEFAULT, 1) == "schedule,tile,wavefront,vectorize{width=1}"
     assert "parallel{threads=2}" in P.with_threads(P.DEFAULT, 2)
@@ -231,6 +237,9 @@ def test_time_tiled_jacobi_runs_parallel_and_vectorized(suite) -> None:
 def test_gemm_left_to_polly_matches_O3(suite) -> None:
     got = _check("gemm", suite, None)
     assert "left to Polly's optimizer" in got.opt_output
+    # clang -O1's llvm.loop.unroll.disable on every loop is gone (the -O3 after polyml unrolls)
+    assert "llvm.loop.unroll.disable" in (suite / "gemm" / "gemm.ll").read_text()
+    assert "llvm.loop.unroll.disable" not in (suite / "gemm" / "gemm.opt.ll").read_text()
 
 
 def test_tune_keeps_the_fastest(suite, capsys) -> None:
