@@ -92,6 +92,28 @@ def choose(scop: Mapping) -> Choice:
 KEEP = "parallel,vectorize{width=1}"
 
 
+#: the default policy on streaming SCoPs (:func:`is_streaming`): isl's schedule (a better loop
+#: order, parallel loops) without tiles, which only add loop overhead where nothing is reused
+STREAM = "schedule,parallel,vectorize{width=1}"
+
+
+def is_streaming(scop: Mapping) -> bool:
+    """Is every access to the SCoP's largest arrays one element per statement instance, with
+    as many loops as those arrays have dimensions (matrix-vector kernels: each matrix element
+    is read once, so tiles have nothing to keep in cache)?"""
+    rank, depth = 0, 0
+    per: list[tuple[int, bool]] = []
+    for s in scop["statements"]:
+        dom = J.domain(s)
+        depth = max(depth, dom.dim(isl.dim_type.set))
+        for a in s["accesses"]:
+            m = J.parse(isl.Map, a["relation"], s["name"]).intersect_domain(dom)
+            r = m.dim(isl.dim_type.out)
+            rank = max(rank, r)
+            per.append((r, m.is_injective()))
+    return rank >= 2 and rank == depth and all(inj for r, inj in per if r == rank)
+
+
 def apply_default(scop: Mapping, threads: int = 0) -> tuple[dict, str]:
     """The default policy on one SCoP: the new JSCoP and the pipeline that made it.
 
@@ -106,9 +128,10 @@ def apply_default(scop: Mapping, threads: int = 0) -> tuple[dict, str]:
     from polyml import passes
 
     choice = choose(scop)
-    text = with_threads(choice.pipeline, threads)
+    first = STREAM if choice.pipeline == DEFAULT and is_streaming(scop) else choice.pipeline
+    text = with_threads(first, threads)
     out = passes.run(passes.parse_pipeline(text), dict(scop))
-    if choice.pipeline == DEFAULT and innermost_score(out) < innermost_score(dict(scop)):
+    if first in (DEFAULT, STREAM) and innermost_score(out) < innermost_score(dict(scop)):
         text = with_threads(KEEP, threads)
         out = passes.run(passes.parse_pipeline(text), dict(scop))
     return out, text

@@ -221,9 +221,34 @@ def strip_mine(node: isl.ScheduleNode, deps: isl.UnionMap, width: int) -> tuple[
 
 
 def innermost_score(scop: dict) -> int:
-    """:func:`stride_score` of the innermost loop of every innermost band, summed: how well the
-    schedule's innermost loops walk memory (the default policy compares schedules with it)."""
-    tree = sched.tree(scop)
+    """How well the schedule's innermost loops walk memory: for every statement, its innermost
+    loop (the last schedule dimension not constant on it) stepped by one with the outer ones
+    fixed, +r per stride-1 access, −r per strided one (r: the array's rank), summed (the
+    default policy compares schedules with it)."""
+    width = J.schedule_width(scop)
     accesses = _accesses(scop)
-    return sum(stride_score(node, node.band_n_member() - 1, accesses)
-               for node in sched.bands(tree) if not _has_band_below(node))
+    total = 0
+    for s in scop["statements"]:
+        m = J.pad_map(J.schedule_map(s), width).intersect_domain(J.domain(s))
+        const = sched.constant_dims(s, width)
+        loops = [d for d in range(width) if d not in const]
+        if not loops:
+            continue
+        d = loops[-1]
+        names = [f"t{i}" for i in range(width)]
+        step = isl.Map(f"{{ [{', '.join(names)}] -> [{', '.join(f'{v} + 1' if i == d else v for i, v in enumerate(names))}] }}")
+        for acc in accesses[s["name"]]:
+            rank = acc.dim(isl.dim_type.out)
+            if rank == 0:
+                continue
+            at = m.reverse().apply_range(acc)
+            moved = at.reverse().apply_range(step).apply_range(at)
+            if moved.is_empty():
+                continue
+            delta = moved.deltas()
+            arr = delta.get_tuple_name() or ""
+            if delta.is_subset(isl.Set(f"{{ {arr}[{', '.join(['0'] * rank)}] }}")):
+                continue
+            unit = isl.Set(f"{{ {arr}[{', '.join(['0'] * (rank - 1) + ['1'])}] }}")
+            total += rank if delta.is_subset(unit) else -rank
+    return total
