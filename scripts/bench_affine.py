@@ -12,7 +12,8 @@ each build per round, the order rotating) and the table shows the median seconds
     python scripts/bench_affine.py [--kernels gemm,lu] [--size small|large] [--repeat 5] [--threads 1,2] \
         [--passes PIPELINE] [--variants O3,polly,polly-parallel,polyml] [--jobs 2] [--work DIR] [--json out.json]
 
-Exit status 1 if a build fails or an output differs from -O3's.
+Exit status 1 if a build fails or polyml's output differs from -O3's; other builds whose output
+differs (Polly's GEMM pattern miscompiles symm at the large size) are flagged in the table.
 """
 
 from __future__ import annotations
@@ -64,9 +65,14 @@ def main(argv: list[str] | None = None) -> int:
     print_table(results, variants, threads, args)
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=1))
-    bad = [r["kernel"] for r in results if r.get("error") or not all(c["ok"] for c in r["checks"].values())]
+    bad = [r["kernel"] for r in results if r.get("error") or
+           not all(c["ok"] for key, c in r["checks"].items() if key.startswith("polyml."))]
+    wrong = [f"{r['kernel']} ({key})" for r in results for key, c in r["checks"].items()
+             if not key.startswith("polyml.") and not c["ok"]]
+    if wrong:
+        print(f"\nnote: outputs of other builds differ from -O3's: {', '.join(wrong)}", file=sys.stderr)
     if bad:
-        print(f"\nFAILED: {', '.join(bad)}", file=sys.stderr)
+        print(f"\nFAILED (polyml): {', '.join(bad)}", file=sys.stderr)
     return 1 if bad else 0
 
 
@@ -130,6 +136,23 @@ def run_suite(kernels: list[str], variants: list[str], threads: list[int], args:
     return results
 
 
+def _check_cell(checks: dict[str, dict]) -> str:
+    """polyml's outputs (``exact``, ``ok (rel ..)``, ``MISMATCH``), then any other build whose
+    outputs differ from -O3's (Polly's own builds can be wrong too)."""
+    def state(cs: list[dict]) -> str:
+        if not cs:
+            return "—"
+        if all(c["exact"] for c in cs):
+            return "exact"
+        worst = max(c["max_rel"] for c in cs)
+        return f"{'ok' if all(c['ok'] for c in cs) else 'MISMATCH'} (rel {worst:.1e})"
+
+    mine = [c for key, c in checks.items() if key.startswith("polyml.")]
+    wrong = sorted({key.split(".t")[0] for key, c in checks.items() if not key.startswith("polyml.") and not c["ok"]})
+    return state(mine) + "".join(f"; {v} MISMATCH (rel {max(c['max_rel'] for k, c in checks.items() if k.startswith(v + '.t')):.1e})"
+                                 for v in wrong)
+
+
 def print_table(results: list[dict], variants: list[str], threads: list[int], args: argparse.Namespace) -> None:
     cols = [(v, t) for v in variants for t in ([1] if v in SERIAL else threads)]
     tmax = max(threads)
@@ -142,11 +165,7 @@ def print_table(results: list[dict], variants: list[str], threads: list[int], ar
     for r in results:
         s = r["seconds"]
         cells = [r["kernel"]] + [f"{s[f'{v}.t{t}']:.4g}" if f"{v}.t{t}" in s else "—" for v, t in cols]
-        checks = r["checks"].values()
-        check = "error" if r.get("error") else (
-            "exact" if all(c["exact"] for c in checks) else
-            ("ok" if all(c["ok"] for c in checks) else "MISMATCH") + f" (max rel {max(c['max_rel'] for c in checks):.1e})")
-        cells.append(check)
+        cells.append("error" if r.get("error") else _check_cell(r["checks"]))
         pm1, o3 = s.get("polyml.t1"), s.get("O3.t1")
         pmn, parn, polly = s.get(f"polyml.t{tmax}"), s.get(f"polly-parallel.t{tmax}"), s.get("polly.t1")
         a = o3 / pm1 if pm1 and o3 else float("nan")
