@@ -21,10 +21,11 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import ClassVar
 
 import llvmlite.ir as ir
 import numpy as np
-from polyml.kernels import Operand
+from polyml.kernels import Kernel, Operand
 
 from polyml.codegen import igemm
 from polyml.codegen.builder import F32, I32, I64, Buffer, KernelBuilder
@@ -116,6 +117,68 @@ def scale_problem(node: Node, ins: list[Operand | None], index: int, sizes: Sequ
     if op.type.size not in (1, *sizes):
         return f"{what} of shape {op.type.shape}: polyml takes one value or one per {'/'.join(map(str, sizes))}"
     return None
+
+
+class IntegerKernel(Kernel):
+    """Base of the integer products: 8-bit operands, int32 output unless a subclass requantizes
+    (``requant``), no bias unless a subclass has one."""
+
+    polly = "off"
+    dtypes = QTYPES
+
+    def requant(self, node: Node, ins: list[Operand | None], rows: int) -> Requant | None:
+        return None
+
+    def bias(self, ins: list[Operand | None]) -> np.ndarray | None:
+        return None
+
+    def out_dtype(self, ins: list[Operand | None]) -> str:
+        return "int32"
+
+
+class QLinear:
+    """The QLinear* operands (mixin before an :class:`IntegerKernel`): ``x, x_scale, x_zp, w,
+    w_scale, w_zp, y_scale, y_zp`` and polyml's optional int32 ``bias`` (input 8), scales and
+    zero points compile-time constants, one output value per ``channels`` (the rows of the
+    requantization)."""
+
+    static_inputs: ClassVar[tuple[int, ...]] = (1, 2, 4, 5, 6, 7, 8)
+    #: the x and w scales' names in messages
+    scale_names: ClassVar[tuple[str, str]] = ("x_scale", "w_scale")
+
+    def channels(self, ins: list[Operand | None]) -> int:
+        """How many per-channel scales / bias values the weights allow."""
+        raise NotImplementedError
+
+    def out_dtype(self, ins: list[Operand | None]) -> str:
+        return ins[7].type.dtype if len(ins) > 7 and ins[7] is not None else ins[0].type.dtype
+
+    def supports(self, node: Node, ins: list[Operand | None]) -> str | None:
+        base = super().supports(node, ins)
+        if base:
+            return base
+        for i in self.static_inputs:
+            if i < len(ins) and ins[i] is not None and ins[i].value is None:
+                return f"input {i} ({ins[i].name!r}) must be a compile-time constant (scales and zero points are folded)"
+        c = self.channels(ins)
+        xs, ws = self.scale_names
+        problem = (scale_problem(node, ins, 1, (1,), xs) or scale_problem(node, ins, 4, (c,), ws)
+                   or scale_problem(node, ins, 6, (1,), "y_scale"))
+        if problem:
+            return problem
+        if len(ins) > 7 and ins[7] is not None and (ins[7].type.dtype not in QTYPES or ins[7].type.size != 1):
+            return f"y_zero_point is {ins[7].type.dtype} {ins[7].type.shape} (one int8/uint8 value)"
+        if len(ins) > 8 and ins[8] is not None and (ins[8].type.dtype != "int32" or ins[8].type.shape != (c,)):
+            return f"bias {ins[8].type.dtype} {ins[8].type.shape} (int32 of shape ({c},))"
+        return None
+
+    def requant(self, node: Node, ins: list[Operand | None], rows: int) -> Requant | None:
+        return requant_of(node, ins, 1, 4, 6, 7, rows, self.out_dtype(ins))
+
+    def bias(self, ins: list[Operand | None]) -> np.ndarray | None:
+        if len(ins) > 8 and ins[8] is not None:
+            return np.asarray(ins[8].value).astype(np.int64).reshape(-1)
+        return None
 
 
 # -- the zero-point corrections -------------------------------------------------------------------

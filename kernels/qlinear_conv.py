@@ -30,19 +30,18 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import ClassVar
 
 import llvmlite.ir as ir
 import numpy as np
-from polyml.kernels import Kernel, Operand, register
+from polyml.kernels import Operand, register
 from polyml.kernels._integer import (
     QTYPES,
     Corrections,
+    IntegerKernel,
+    QLinear,
     Requant,
     Tables,
     emit_rb,
-    requant_of,
-    scale_problem,
     store_output,
     zero_point,
     zp_problem,
@@ -154,22 +153,11 @@ class _Flat:
                     xq.store([at], x.load([n, c, ih, iw]))
 
 
-class _IntegerConv(Kernel):
+class _IntegerConv(IntegerKernel):
     """The shared lowering; subclasses say where the operands are."""
 
-    polly = "off"
-    dtypes = QTYPES
     #: input positions: x, w, x_zp, w_zp
     X, W, ZX, ZW = 0, 1, 2, 3
-
-    def requant(self, node: Node, ins: list[Operand | None], m: int) -> Requant | None:
-        return None
-
-    def bias(self, ins: list[Operand | None]) -> np.ndarray | None:
-        return None
-
-    def out_dtype(self, ins: list[Operand | None]) -> str:
-        return "int32"
 
     # -- shapes and choices -------------------------------------------------------------------
     def supports(self, node: Node, ins: list[Operand | None]) -> str | None:
@@ -542,38 +530,11 @@ class ConvInteger(_IntegerConv):
 
 
 @register
-class QLinearConv(_IntegerConv):
+class QLinearConv(QLinear, _IntegerConv):
     """ONNX QLinearConv (bias int32 input 8, ``polyml_clip`` for a fused Relu/Clip)."""
 
     op_types = ("QLinearConv",)
     X, W, ZX, ZW = 0, 3, 2, 5
-    static_inputs: ClassVar[tuple[int, ...]] = (1, 2, 4, 5, 6, 7, 8)
 
-    def out_dtype(self, ins: list[Operand | None]) -> str:
-        return ins[7].type.dtype if len(ins) > 7 and ins[7] is not None else ins[self.X].type.dtype
-
-    def supports(self, node: Node, ins: list[Operand | None]) -> str | None:
-        base = super().supports(node, ins)
-        if base:
-            return base
-        for i in self.static_inputs:
-            if i < len(ins) and ins[i] is not None and ins[i].value is None:
-                return f"input {i} ({ins[i].name!r}) must be a compile-time constant (scales and zero points are folded)"
-        m = ins[self.W].type.shape[0]
-        problem = (scale_problem(node, ins, 1, (1,), "x_scale") or scale_problem(node, ins, 4, (m,), "w_scale")
-                   or scale_problem(node, ins, 6, (1,), "y_scale"))
-        if problem:
-            return problem
-        if len(ins) > 7 and ins[7] is not None and (ins[7].type.dtype not in QTYPES or ins[7].type.size != 1):
-            return f"y_zero_point is {ins[7].type.dtype} {ins[7].type.shape} (one int8/uint8 value)"
-        if len(ins) > 8 and ins[8] is not None and (ins[8].type.dtype != "int32" or ins[8].type.shape != (m,)):
-            return f"bias {ins[8].type.dtype} {ins[8].type.shape} (int32 of shape ({m},))"
-        return None
-
-    def requant(self, node: Node, ins: list[Operand | None], m: int) -> Requant | None:
-        return requant_of(node, ins, 1, 4, 6, 7, m, self.out_dtype(ins))
-
-    def bias(self, ins: list[Operand | None]) -> np.ndarray | None:
-        if len(ins) > 8 and ins[8] is not None:
-            return np.asarray(ins[8].value).astype(np.int64).reshape(-1)
-        return None
+    def channels(self, ins: list[Operand | None]) -> int:
+        return ins[self.W].type.shape[0]

@@ -21,21 +21,19 @@ at run time (``DynamicQuantizeLinear``'s output in dynamically quantized models)
 from __future__ import annotations
 
 import math
-from typing import ClassVar
 
 import llvmlite.ir as ir
 import numpy as np
-from polyml.kernels import Kernel, Operand, register
+from polyml.kernels import Operand, register
 from polyml.kernels._integer import (
     QTYPES,
     Corrections,
-    Requant,
+    IntegerKernel,
+    QLinear,
     Tables,
     ZeroPoint,
     emit_cx,
     emit_rb,
-    requant_of,
-    scale_problem,
     store_output,
     zero_point,
     zp_problem,
@@ -56,22 +54,11 @@ GEMM_MIN_MACS = 1 << 15
 I64 = ir.IntType(64)
 
 
-class _IntegerProduct(Kernel):
+class _IntegerProduct(IntegerKernel):
     """The shared lowering; subclasses say where the operands are."""
 
-    polly = "off"
-    dtypes = QTYPES
     #: input positions: A, B, zA, zB
     A, B, ZA, ZB = 0, 1, 2, 3
-
-    def requant(self, node: Node, ins: list[Operand | None], n: int) -> Requant | None:
-        return None
-
-    def bias(self, ins: list[Operand | None]) -> np.ndarray | None:
-        return None
-
-    def out_dtype(self, ins: list[Operand | None]) -> str:
-        return "int32"
 
     # -- shapes -----------------------------------------------------------------------------
     def dims(self, node: Node, ins: list[Operand | None]) -> tuple[tuple[int, ...], int, int, int, tuple[int, ...]]:
@@ -274,38 +261,12 @@ class MatMulInteger(_IntegerProduct):
 
 
 @register
-class QLinearMatMul(_IntegerProduct):
+class QLinearMatMul(QLinear, _IntegerProduct):
     """ONNX QLinearMatMul (+ polyml's optional int32 bias, input 8, and ``polyml_clip``)."""
 
     op_types = ("QLinearMatMul",)
     A, B, ZA, ZB = 0, 3, 2, 5
-    static_inputs: ClassVar[tuple[int, ...]] = (1, 2, 4, 5, 6, 7, 8)
+    scale_names = ("a_scale", "b_scale")
 
-    def out_dtype(self, ins: list[Operand | None]) -> str:
-        return ins[7].type.dtype if len(ins) > 7 and ins[7] is not None else ins[self.A].type.dtype
-
-    def supports(self, node: Node, ins: list[Operand | None]) -> str | None:
-        base = super().supports(node, ins)
-        if base:
-            return base
-        for i in self.static_inputs:
-            if i < len(ins) and ins[i] is not None and ins[i].value is None:
-                return f"input {i} ({ins[i].name!r}) must be a compile-time constant (scales and zero points are folded)"
-        n = ins[self.B].type.shape[-1] if len(ins[self.B].type.shape) > 1 else 1
-        problem = (scale_problem(node, ins, 1, (1,), "a_scale") or scale_problem(node, ins, 4, (n,), "b_scale")
-                   or scale_problem(node, ins, 6, (1,), "y_scale"))
-        if problem:
-            return problem
-        if len(ins) > 7 and ins[7] is not None and (ins[7].type.dtype not in QTYPES or ins[7].type.size != 1):
-            return f"y_zero_point is {ins[7].type.dtype} {ins[7].type.shape} (one int8/uint8 value)"
-        if len(ins) > 8 and ins[8] is not None and (ins[8].type.dtype != "int32" or ins[8].type.shape != (n,)):
-            return f"bias {ins[8].type.dtype} {ins[8].type.shape} (int32 of shape ({n},))"
-        return None
-
-    def requant(self, node: Node, ins: list[Operand | None], n: int) -> Requant | None:
-        return requant_of(node, ins, 1, 4, 6, 7, n, self.out_dtype(ins))
-
-    def bias(self, ins: list[Operand | None]) -> np.ndarray | None:
-        if len(ins) > 8 and ins[8] is not None:
-            return np.asarray(ins[8].value).astype(np.int64).reshape(-1)
-        return None
+    def channels(self, ins: list[Operand | None]) -> int:
+        return ins[self.B].type.shape[-1] if len(ins[self.B].type.shape) > 1 else 1
