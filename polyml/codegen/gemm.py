@@ -240,6 +240,57 @@ def _function(module: ir.Module, name: str, args: Sequence[ir.Type], attrs: Sequ
     return fn
 
 
+def tile_loop(b: ir.IRBuilder, zero: ir.Constant, mr: int, vectors: int, trip: ir.Value, iv_name: str,
+              step: Callable[[ir.Value, list[list[ir.Value]]], list[list[ir.Value]]], c: ir.Value, ldc: ir.Value,
+              accumulate: ir.Value, add: Callable[[ir.Value, ir.Value], ir.Value]) -> None:
+    """The micro-kernels' common frame (float :func:`micro_kernel`, integer
+    :func:`polyml.codegen.igemm.micro_kernel`): ``mr × vectors`` register accumulators of the
+    vector type of ``zero``, ``zero`` on entry, carried by phis through ``for (iv = 0; iv < trip; ++iv) accs =
+    step(iv, accs)`` (the reduction, one rank-1 update per step), then the tile stored row by
+    row into ``C`` (row stride ``ldc``) or, with ``accumulate``, added to it (``add``); ends the
+    function (``ret void``)."""
+    vec = zero.type
+    width = vec.count
+    entry = b.block
+    loop = b.append_basic_block("k.body")
+    done = b.append_basic_block("k.done")
+    b.cbranch(b.icmp_signed(">", trip, _c(0)), loop, done)
+    b.position_at_end(loop)
+    iv = b.phi(I64, iv_name)
+    iv.add_incoming(_c(0), entry)
+    accs = [[b.phi(vec, f"acc{r}.{v}") for v in range(vectors)] for r in range(mr)]
+    for row in accs:
+        for acc in row:
+            acc.add_incoming(zero, entry)
+    new_accs = step(iv, accs)
+    iv_next = b.add(iv, _c(1), flags=["nsw"])
+    iv.add_incoming(iv_next, loop)
+    for r in range(mr):
+        for v in range(vectors):
+            accs[r][v].add_incoming(new_accs[r][v], loop)
+    b.cbranch(b.icmp_signed("<", iv_next, trip), loop, done)
+    b.position_at_end(done)
+    finals = [[b.phi(vec) for _ in range(vectors)] for _ in range(mr)]
+    for r in range(mr):
+        for v in range(vectors):
+            finals[r][v].add_incoming(zero, entry)
+            finals[r][v].add_incoming(new_accs[r][v], loop)
+    add_bb = b.append_basic_block("c.add")
+    set_bb = b.append_basic_block("c.set")
+    b.cbranch(accumulate, add_bb, set_bb)
+    for bb, accumulating in ((add_bb, True), (set_bb, False)):
+        b.position_at_end(bb)
+        for r in range(mr):
+            c_row = b.gep(c, [b.mul(ldc, _c(r), flags=["nsw"])], inbounds=True)
+            for v in range(vectors):
+                ptr = b.bitcast(b.gep(c_row, [_c(v * width)], inbounds=True), vec.as_pointer())
+                val = finals[r][v]
+                if accumulating:
+                    val = add(b.load(ptr, align=4), val)
+                b.store(val, ptr, align=4)
+        b.ret_void()
+
+
 def micro_kernel(module: ir.Module, blk: Blocking, attrs: Sequence[str], lda: int = 0) -> ir.Function:
     """``ukernel(kc, Ap, Bp, C, ldc, accumulate)``: one ``mr × nr`` register tile of C.
 
@@ -267,59 +318,26 @@ def micro_kernel(module: ir.Module, blk: Blocking, attrs: Sequence[str], lda: in
     if blk.fma:
         fma_name = f"llvm.fma.v{blk.width}f32"
         fma = module.globals.get(fma_name) or ir.Function(module, ir.FunctionType(vec, [vec, vec, vec]), fma_name)
-    entry = b.block
-    loop = b.append_basic_block("k.body")
-    done = b.append_basic_block("k.done")
-    b.cbranch(b.icmp_signed(">", kc, _c(0)), loop, done)
-    b.position_at_end(loop)
-    p = b.phi(I64, "p")
-    p.add_incoming(_c(0), entry)
-    accs = [[b.phi(vec, f"acc{r}.{v}") for v in range(blk.vectors)] for r in range(blk.mr)]
-    for row in accs:
-        for acc in row:
-            acc.add_incoming(zero, entry)
-    b_row = b.gep(bp, [b.mul(p, _c(blk.nr), flags=["nsw"])], inbounds=True)
-    b_vecs = [b.load(b.bitcast(b.gep(b_row, [_c(v * blk.width)], inbounds=True), vec.as_pointer()), align=4)
-              for v in range(blk.vectors)]
-    a_row = b.gep(ap, [p if lda else b.mul(p, _c(blk.mr), flags=["nsw"])], inbounds=True)
-    new_accs = []
-    for r in range(blk.mr):
-        a_val = b.load(b.gep(a_row, [_c(r * lda if lda else r)], inbounds=True))
-        a_vec = b.shuffle_vector(b.insert_element(undef_vec, a_val, ir.Constant(I32, 0)), undef_vec, mask0)
-        row = []
-        for v in range(blk.vectors):
-            acc = accs[r][v]
-            if fma is not None:
-                row.append(b.call(fma, [a_vec, b_vecs[v], acc]))
-            else:
-                row.append(b.fadd(acc, b.fmul(a_vec, b_vecs[v])))
-        new_accs.append(row)
-    p_next = b.add(p, _c(1), flags=["nsw"])
-    p.add_incoming(p_next, loop)
-    for r in range(blk.mr):
-        for v in range(blk.vectors):
-            accs[r][v].add_incoming(new_accs[r][v], loop)
-    b.cbranch(b.icmp_signed("<", p_next, kc), loop, done)
-    b.position_at_end(done)
-    finals = [[b.phi(vec) for _ in range(blk.vectors)] for _ in range(blk.mr)]
-    for r in range(blk.mr):
-        for v in range(blk.vectors):
-            finals[r][v].add_incoming(zero, entry)
-            finals[r][v].add_incoming(new_accs[r][v], loop)
-    add_bb = b.append_basic_block("c.add")
-    set_bb = b.append_basic_block("c.set")
-    b.cbranch(accumulate, add_bb, set_bb)
-    for bb, add in ((add_bb, True), (set_bb, False)):
-        b.position_at_end(bb)
+    def step(p: ir.Value, accs: list[list[ir.Value]]) -> list[list[ir.Value]]:
+        b_row = b.gep(bp, [b.mul(p, _c(blk.nr), flags=["nsw"])], inbounds=True)
+        b_vecs = [b.load(b.bitcast(b.gep(b_row, [_c(v * blk.width)], inbounds=True), vec.as_pointer()), align=4)
+                  for v in range(blk.vectors)]
+        a_row = b.gep(ap, [p if lda else b.mul(p, _c(blk.mr), flags=["nsw"])], inbounds=True)
+        new_accs = []
         for r in range(blk.mr):
-            c_row = b.gep(c, [b.mul(ldc, _c(r), flags=["nsw"])], inbounds=True)
+            a_val = b.load(b.gep(a_row, [_c(r * lda if lda else r)], inbounds=True))
+            a_vec = b.shuffle_vector(b.insert_element(undef_vec, a_val, ir.Constant(I32, 0)), undef_vec, mask0)
+            row = []
             for v in range(blk.vectors):
-                ptr = b.bitcast(b.gep(c_row, [_c(v * blk.width)], inbounds=True), vec.as_pointer())
-                val = finals[r][v]
-                if add:
-                    val = b.fadd(b.load(ptr, align=4), val)
-                b.store(val, ptr, align=4)
-        b.ret_void()
+                acc = accs[r][v]
+                if fma is not None:
+                    row.append(b.call(fma, [a_vec, b_vecs[v], acc]))
+                else:
+                    row.append(b.fadd(acc, b.fmul(a_vec, b_vecs[v])))
+            new_accs.append(row)
+        return new_accs
+
+    tile_loop(b, zero, blk.mr, blk.vectors, kc, "p", step, c, ldc, accumulate, b.fadd)
     return fn
 
 

@@ -48,7 +48,7 @@ import llvmlite.ir as ir
 import numpy as np
 
 from polyml.codegen.builder import I32, I64, Buffer, KernelBuilder
-from polyml.codegen.gemm import _min, _round_up, for_range
+from polyml.codegen.gemm import _c, _function, _min, _round_up, for_range, tile_loop
 from polyml.errors import PolymlError
 
 I8 = ir.IntType(8)
@@ -304,16 +304,6 @@ def prepacked_size(m: int, k: int, blk: IBlocking) -> int:
 
 # -- the micro-kernel --------------------------------------------------------------------------
 
-def _function(module: ir.Module, name: str, args: Sequence[ir.Type], attrs: Sequence[str], wide: bool) -> ir.Function:
-    fn = ir.Function(module, ir.FunctionType(ir.VoidType(), list(args)), name)
-    for a in attrs:
-        set.add(fn.attributes, a)
-    if wide:
-        set.add(fn.attributes, '"prefer-vector-width"="512"')
-        set.add(fn.attributes, '"min-legal-vector-width"="512"')
-    return fn
-
-
 def _without_vnni(attrs: Sequence[str]) -> list[str]:
     """The function attributes with the VNNI features switched off: what a CPU without them
     runs (the forced ``madd`` variant on a VNNI host must not become ``vpdpwssd``)."""
@@ -368,62 +358,25 @@ def micro_kernel(module: ir.Module, blk: IBlocking, attrs: Sequence[str], x_unsi
             prod = b.mul(b.sext(b.bitcast(wv, v16), wide), b.sext(b.bitcast(xv, v16), wide), flags=["nsw"])
             pair = b.add(b.shuffle_vector(prod, undef_wide, even), b.shuffle_vector(prod, undef_wide, odd), flags=["nsw"])
             return b.add(acc, pair)
-    entry = b.block
-    loop = b.append_basic_block("k.body")
-    done = b.append_basic_block("k.done")
-    b.cbranch(b.icmp_signed(">", kq, ir.Constant(I64, 0)), loop, done)
-    b.position_at_end(loop)
-    q = b.phi(I64, "q")
-    q.add_incoming(ir.Constant(I64, 0), entry)
-    accs = [[b.phi(vec, f"acc{r}.{v}") for v in range(blk.vectors)] for r in range(blk.mr)]
-    for row in accs:
-        for acc in row:
-            acc.add_incoming(zero, entry)
-    x_row = b.gep(xp, [b.mul(q, ir.Constant(I64, blk.nr), flags=["nsw"])], inbounds=True)
-    x_vecs = [b.load(b.bitcast(b.gep(x_row, [ir.Constant(I64, v * w)], inbounds=True), vec.as_pointer()), align=4)
-              for v in range(blk.vectors)]
-    w_row = b.gep(wp, [b.mul(q, ir.Constant(I64, blk.mr), flags=["nsw"])], inbounds=True)
-    new_accs = []
-    for r in range(blk.mr):
-        wval = b.load(b.gep(w_row, [ir.Constant(I64, r)], inbounds=True), align=4)
-        wvec = b.shuffle_vector(b.insert_element(undef_vec, wval, ir.Constant(I32, 0)), undef_vec, mask0)
-        new_accs.append([update(accs[r][v], wvec, x_vecs[v]) for v in range(blk.vectors)])
-    q_next = b.add(q, ir.Constant(I64, 1), flags=["nsw"])
-    q.add_incoming(q_next, loop)
-    for r in range(blk.mr):
-        for v in range(blk.vectors):
-            accs[r][v].add_incoming(new_accs[r][v], loop)
-    b.cbranch(b.icmp_signed("<", q_next, kq), loop, done)
-    b.position_at_end(done)
-    finals = [[b.phi(vec) for _ in range(blk.vectors)] for _ in range(blk.mr)]
-    for r in range(blk.mr):
-        for v in range(blk.vectors):
-            finals[r][v].add_incoming(zero, entry)
-            finals[r][v].add_incoming(new_accs[r][v], loop)
-    add_bb = b.append_basic_block("c.add")
-    set_bb = b.append_basic_block("c.set")
-    b.cbranch(accumulate, add_bb, set_bb)
-    for bb, add in ((add_bb, True), (set_bb, False)):
-        b.position_at_end(bb)
+    def step(q: ir.Value, accs: list[list[ir.Value]]) -> list[list[ir.Value]]:
+        x_row = b.gep(xp, [b.mul(q, _c(blk.nr), flags=["nsw"])], inbounds=True)
+        x_vecs = [b.load(b.bitcast(b.gep(x_row, [_c(v * w)], inbounds=True), vec.as_pointer()), align=4)
+                  for v in range(blk.vectors)]
+        w_row = b.gep(wp, [b.mul(q, _c(blk.mr), flags=["nsw"])], inbounds=True)
+        new_accs = []
         for r in range(blk.mr):
-            c_row = b.gep(c, [b.mul(ldc, ir.Constant(I64, r), flags=["nsw"])], inbounds=True)
-            for v in range(blk.vectors):
-                ptr = b.bitcast(b.gep(c_row, [ir.Constant(I64, v * w)], inbounds=True), vec.as_pointer())
-                val = finals[r][v]
-                if add:
-                    val = b.add(b.load(ptr, align=4), val)
-                b.store(val, ptr, align=4)
-        b.ret_void()
+            wval = b.load(b.gep(w_row, [_c(r)], inbounds=True), align=4)
+            wvec = b.shuffle_vector(b.insert_element(undef_vec, wval, ir.Constant(I32, 0)), undef_vec, mask0)
+            new_accs.append([update(accs[r][v], wvec, x_vecs[v]) for v in range(blk.vectors)])
+        return new_accs
+
+    tile_loop(b, zero, blk.mr, blk.vectors, kq, "q", step, c, ldc, accumulate, b.add)
     if blk.variant == "madd" and w == 16:
         fn.attributes.add("noinline")  # keep its features (no VNNI) apart from the caller's
     return fn
 
 
 # -- packing -----------------------------------------------------------------------------------
-
-def _c(v: int) -> ir.Constant:
-    return ir.Constant(I64, v)
-
 
 def _pack_w(b: ir.IRBuilder, spec: IGemmSpec, blk: IBlocking, ops: Sequence[ir.Value], dst: ir.Value, ic: ir.Value,
             pc: ir.Value, kc: ir.Value, kcp: ir.Value, panels: ir.Value) -> None:
