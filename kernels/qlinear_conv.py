@@ -41,6 +41,7 @@ from polyml.kernels._integer import (
     QLinear,
     Requant,
     Tables,
+    ZeroPoint,
     emit_rb,
     store_output,
     zero_point,
@@ -151,6 +152,23 @@ class _Flat:
                     ih = b.add(b.mul(r, k.i64(sh)), k.i64(a - pt))
                     iw = b.add(b.mul(q, k.i64(sw)), k.i64(bb - pl))
                     xq.store([at], x.load([n, c, ih, iw]))
+
+
+@dataclass(frozen=True)
+class _DirectParams:
+    """What both direct lowerings read per kernel: the zero points (run-time ones as buffers
+    ``zx_buf``/``zw_buf``), the requantization and the constant tables (multipliers, bias,
+    weight zero points; None where absent)."""
+
+    zx: ZeroPoint
+    zw: ZeroPoint
+    rq: Requant | None
+    tables: Tables
+    mult: ir.GlobalVariable | None
+    bias_t: ir.GlobalVariable | None
+    zw_t: ir.GlobalVariable | None
+    zw_buf: Buffer | None
+    zx_buf: Buffer | None
 
 
 class _IntegerConv(IntegerKernel):
@@ -356,6 +374,22 @@ class _IntegerConv(IntegerKernel):
             with nest(k, [n_ * m_all, *win.out], names=["yc", "yh", "yw"], parallel=1) as (c, oh, ow):
                 dst.store([c, oh, ow], src.load([c, k.b.add(k.b.mul(k.i64(oh), k.i64(flat.pitch)), k.i64(ow))]))
 
+    def _params(self, k: KernelBuilder, ins: list[Operand | None], m_all: int, x_dtype: str,
+                w_dtype: str) -> _DirectParams:
+        """The direct lowerings' zero points, requantization and constant tables."""
+        zx = zero_point(ins, self.ZX, x_dtype)
+        zw = zero_point(ins, self.ZW, w_dtype)
+        rq = self.requant(k.node, ins, m_all)
+        bias = self.bias(ins)
+        tables = Tables(k.module, k.fn.name)
+        return _DirectParams(
+            zx, zw, rq, tables,
+            mult=tables.f32(rq.multipliers, "mult") if rq is not None else None,
+            bias_t=tables.i32(bias.astype(np.int32), "bias") if bias is not None else None,
+            zw_t=tables.i32(zw.array(m_all).astype(np.int32), "zw") if zw.known else None,
+            zw_buf=None if zw.known else _view(k, k.inputs[self.ZW], (zw.size,)),
+            zx_buf=None if zx.known else _view(k, k.inputs[self.ZX], (1,)))
+
     def _direct_flat(self, k: KernelBuilder, ins: list[Operand | None]) -> None:
         """2-D direct convolution on the flat phase-split input (:class:`_Flat`): per ``n, m``
         (parallel), one loop over the ``N'`` flat output positions whose body sums all taps
@@ -369,16 +403,9 @@ class _IntegerConv(IntegerKernel):
         n_, c_all = x.shape[:2]
         m_all = w.shape[0]
         cg, mg = c_all // group, m_all // group
-        zx = zero_point(ins, self.ZX, x_dtype)
-        zw = zero_point(ins, self.ZW, w_dtype)
-        rq = self.requant(k.node, ins, m_all)
-        bias = self.bias(ins)
-        tables = Tables(k.module, k.fn.name)
-        mult = tables.f32(rq.multipliers, "mult") if rq is not None else None
-        bias_t = tables.i32(bias.astype(np.int32), "bias") if bias is not None else None
-        zw_t = tables.i32(zw.array(m_all).astype(np.int32), "zw") if zw.known else None
-        zw_buf = None if zw.known else _view(k, k.inputs[self.ZW], (zw.size,))
-        zx_buf = None if zx.known else _view(k, k.inputs[self.ZX], (1,))
+        p = self._params(k, ins, m_all, x_dtype, w_dtype)
+        zx, zw, rq, tables, mult, bias_t, zw_t, zw_buf, zx_buf = (p.zx, p.zw, p.rq, p.tables, p.mult, p.bias_t,
+                                                                  p.zw_t, p.zw_buf, p.zx_buf)
         if flat.copy:
             src = k.temps[0]
             flat.fill(k, x, src, ir.Constant(I8, zx.at(0) & 0xFF) if zx_buf is None else None, zx_buf)
@@ -456,16 +483,9 @@ class _IntegerConv(IntegerKernel):
         m_all = w.shape[0]
         cg, mg = c_all // group, m_all // group
         r = win.rank
-        zx = zero_point(ins, self.ZX, x_dtype)
-        zw = zero_point(ins, self.ZW, w_dtype)
-        rq = self.requant(k.node, ins, m_all)
-        bias = self.bias(ins)
-        tables = Tables(k.module, k.fn.name)
-        mult = tables.f32(rq.multipliers, "mult") if rq is not None else None
-        bias_t = tables.i32(bias.astype(np.int32), "bias") if bias is not None else None
-        zw_t = tables.i32(zw.array(m_all).astype(np.int32), "zw") if zw.known else None
-        zw_buf = None if zw.known else _view(k, k.inputs[self.ZW], (zw.size,))
-        zx_buf = None if zx.known else _view(k, k.inputs[self.ZX], (1,))
+        p = self._params(k, ins, m_all, x_dtype, w_dtype)
+        zx, zw, rq, tables, mult, bias_t, zw_t, zw_buf, zx_buf = (p.zx, p.zw, p.rq, p.tables, p.mult, p.bias_t,
+                                                                  p.zw_t, p.zw_buf, p.zx_buf)
 
         def zx_value() -> ir.Value:
             if zx_buf is None:
