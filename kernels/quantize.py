@@ -18,6 +18,8 @@ Data types: quantized tensors are int8/uint8 (int32 also dequantizes, e.g. biase
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import llvmlite.ir as ir
 import numpy as np
 from polyml.kernels import Kernel, Operand, normalize_axis, register, unsupported_dtype
@@ -83,6 +85,18 @@ class _Quant(Kernel):
         zp = ins[2].type if len(ins) > 2 and ins[2] is not None else None
         return x, s, zp
 
+    def _elementwise(self, k: KernelBuilder,
+                     value: Callable[[Buffer, Buffer, Buffer | None, list[ir.Value], list[ir.Value]], ir.Value]) -> None:
+        """``y[ix] = value(x, scale, zero_point, ix, pi)`` over the output, ``pi`` the index of
+        ``ix``'s scale / zero point (per tensor, per axis or per block: :func:`param_layout`)."""
+        x, s = k.inputs[0], k.inputs[1]
+        zp = k.inputs[2] if len(k.inputs) > 2 else None
+        y = k.outputs[0]
+        layout = param_layout(k.node, x.type, s.type, zp.type if zp is not None else None)
+        with k.loops(y.shape, parallel=outer_parallel_dims(y.shape)) as ix:
+            pi = param_index(k, layout, s, ix)
+            y.store(ix, value(x, s, zp, ix, pi))
+
 
 @register
 class QuantizeLinear(_Quant):
@@ -116,14 +130,11 @@ class QuantizeLinear(_Quant):
         return [TensorType(x.shape, self.out_dtype(node, ins))]
 
     def lower(self, k: KernelBuilder) -> None:
-        x, s = k.inputs[0], k.inputs[1]
-        zp = k.inputs[2] if len(k.inputs) > 2 else None
-        y = k.outputs[0]
-        layout = param_layout(k.node, x.type, s.type, zp.type if zp is not None else None)
-        with k.loops(y.shape, parallel=outer_parallel_dims(y.shape)) as ix:
-            pi = param_index(k, layout, s, ix)
+        def value(x: Buffer, s: Buffer, zp: Buffer | None, ix: list[ir.Value], pi: list[ir.Value]) -> ir.Value:
             v = k.b.fdiv(quant.to_float(k.b, x.load(ix), x.type.dtype), s.load(pi))
-            y.store(ix, quant.quantize_value(k.b, v, zero_point(k, zp, pi), y.type.dtype))
+            return quant.quantize_value(k.b, v, zero_point(k, zp, pi), k.outputs[0].type.dtype)
+
+        self._elementwise(k, value)
 
 
 @register
@@ -151,13 +162,8 @@ class DequantizeLinear(_Quant):
         return [TensorType(x.shape, "float32")]
 
     def lower(self, k: KernelBuilder) -> None:
-        x, s = k.inputs[0], k.inputs[1]
-        zp = k.inputs[2] if len(k.inputs) > 2 else None
-        y = k.outputs[0]
-        layout = param_layout(k.node, x.type, s.type, zp.type if zp is not None else None)
-        with k.loops(y.shape, parallel=outer_parallel_dims(y.shape)) as ix:
-            pi = param_index(k, layout, s, ix)
-            y.store(ix, quant.dequantize_value(k.b, x.load(ix), x.type.dtype, zero_point(k, zp, pi), s.load(pi)))
+        self._elementwise(k, lambda x, s, zp, ix, pi: quant.dequantize_value(
+            k.b, x.load(ix), x.type.dtype, zero_point(k, zp, pi), s.load(pi)))
 
 
 @register
