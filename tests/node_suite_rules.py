@@ -19,6 +19,7 @@ from __future__ import annotations
 import io
 import sys
 import warnings
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from functools import cache
 from pathlib import Path
@@ -199,6 +200,32 @@ def verdicts() -> tuple[Verdict, ...]:
 def eligible_names() -> list[str]:
     """Case names (``test_relu``) the rule selects; BackendTest runs them as ``<name>_cpu``."""
     return [v.name for v in verdicts() if v.eligible]
+
+
+NODE_SUITE = "OnnxBackendNodeModelTest"
+
+
+def node_suite_class(backend: type, module: str, cases: Mapping[str, str | None]) -> type:
+    """The node suite's ``unittest.TestCase`` class over ``backend`` (defined in ``module``):
+    one test ``<name>_cpu`` per name of ``cases``, skipped with its reason where that is not None."""
+    import re
+    import unittest
+
+    import onnx.backend.test
+
+    with warnings.catch_warnings(), np.errstate(all="ignore"):
+        warnings.simplefilter("ignore")
+        backend_test = onnx.backend.test.BackendTest(backend, module)
+    for name in eligible_names():
+        backend_test.include(rf"^{re.escape(name)}_cpu$")
+    suite = backend_test.test_cases[NODE_SUITE]
+    body: dict[str, object] = {}
+    for name, reason in cases.items():
+        fn = getattr(suite, f"{name}_cpu")
+        body[f"{name}_cpu"] = fn if reason is None else unittest.skip(reason)(fn)
+    cls = type(NODE_SUITE, (unittest.TestCase,), body)
+    cls.__module__ = module
+    return cls
 
 
 def report() -> str:

@@ -11,9 +11,7 @@ the CUDA build does not support are listed in :data:`EXCLUDED` with the reason (
 from __future__ import annotations
 
 import os
-import re
 import unittest
-import warnings
 from collections.abc import Mapping
 from typing import Any
 
@@ -21,7 +19,7 @@ import numpy as np
 import onnx
 import onnx.backend.test
 import pytest
-from node_suite_rules import eligible_names, verdicts
+from node_suite_rules import node_suite_class, verdicts
 
 from polyml.backend import PolymlBackend, PolymlRep
 from polyml.errors import EmulationError, PolymlError
@@ -33,7 +31,6 @@ pytestmark = [pytest.mark.nodesuite, pytest.mark.emulator_full,
               pytest.mark.skipif(not FULL, reason="the emulated node suite is opt-in: POLYML_EMULATOR_FULL=1 "
                                                   "(make test-emulator)")]
 
-NODE_SUITE = "OnnxBackendNodeModelTest"
 
 #: eligible cases the CUDA build refuses (GpuLoweringError, UnsupportedError), with the reason: the
 #: message (for an UnsupportedError, the node's line after its name)
@@ -146,22 +143,9 @@ class EmulatedBackend(PolymlBackend):
 
 
 def _node_suite() -> type[unittest.TestCase]:
-    with warnings.catch_warnings(), np.errstate(all="ignore"):
-        warnings.simplefilter("ignore")
-        backend_test = onnx.backend.test.BackendTest(EmulatedBackend, __name__)
-    for name in eligible_names():
-        backend_test.include(rf"^{re.escape(name)}_cpu$")
-    suite = backend_test.test_cases[NODE_SUITE]
-    body: dict[str, object] = {}
-    for v in verdicts():
-        if v.eligible:
-            fn = getattr(suite, f"{v.name}_cpu")
-            if v.name in EXCLUDED:
-                fn = unittest.skip(f"the CUDA build refuses it: {EXCLUDED[v.name]}")(fn)
-            body[f"{v.name}_cpu"] = fn
-    cls = type(NODE_SUITE, (unittest.TestCase,), body)
-    cls.__module__ = __name__
-    return cls
+    return node_suite_class(EmulatedBackend, __name__, {
+        v.name: f"the CUDA build refuses it: {EXCLUDED[v.name]}" if v.name in EXCLUDED else None
+        for v in verdicts() if v.eligible})
 
 
 if FULL:  # collecting the suite judges every case (shape inference): only when it runs

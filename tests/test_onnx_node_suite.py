@@ -10,39 +10,19 @@ compiles one small model (a second or so), so run it in parallel::
 
 from __future__ import annotations
 
-import re
 import unittest
-import warnings
 
-import numpy as np
-import onnx.backend.test
 import pytest
-from node_suite_rules import DOC, eligible_names, report, verdicts
+from node_suite_rules import DOC, eligible_names, node_suite_class, report, verdicts
 
 from polyml.backend import PolymlBackend
 
 pytestmark = pytest.mark.nodesuite
 
-NODE_SUITE = "OnnxBackendNodeModelTest"
-
-
 def _node_suite() -> type[unittest.TestCase]:
-    """The node suite's TestCase class, restricted to eligible and deliberately excluded cases."""
-    with warnings.catch_warnings(), np.errstate(all="ignore"):
-        warnings.simplefilter("ignore")
-        backend_test = onnx.backend.test.BackendTest(PolymlBackend, __name__)
-    for name in eligible_names():
-        backend_test.include(rf"^{re.escape(name)}_cpu$")
-    suite = backend_test.test_cases[NODE_SUITE]
-    body: dict[str, object] = {}
-    for v in verdicts():
-        if v.eligible:
-            body[f"{v.name}_cpu"] = getattr(suite, f"{v.name}_cpu")
-        elif v.deliberate:
-            body[f"{v.name}_cpu"] = unittest.skip("; ".join(v.reasons))(getattr(suite, f"{v.name}_cpu"))
-    cls = type(NODE_SUITE, (unittest.TestCase,), body)
-    cls.__module__ = __name__
-    return cls
+    """The node suite's TestCase class: the eligible cases, and the deliberately excluded ones skipped."""
+    return node_suite_class(PolymlBackend, __name__, {v.name: None if v.eligible else "; ".join(v.reasons)
+                                                      for v in verdicts() if v.eligible or v.deliberate})
 
 
 OnnxBackendNodeModelTest = _node_suite()
