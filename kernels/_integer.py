@@ -70,6 +70,13 @@ def zero_point(ins: list[Operand | None], index: int, dtype: str) -> ZeroPoint:
     return ZeroPoint(value, None if value is not None else index, max(1, op.type.size), op.type.dtype)
 
 
+def _count_problem(op: Operand, sizes: Sequence[int], what: str) -> str | None:
+    """Why ``op`` holds neither one value nor one per channel (``sizes``: the allowed counts)."""
+    if op.type.size not in (1, *sizes):
+        return f"{what} of shape {op.type.shape}: polyml takes one value or one per {'/'.join(map(str, sizes))}"
+    return None
+
+
 def zp_problem(node: Node, ins: list[Operand | None], index: int, want_dtype: str, sizes: Sequence[int],
                what: str) -> str | None:
     """Why input ``index`` is not a usable zero point (dtype of its tensor, size 1 or per channel)."""
@@ -78,9 +85,7 @@ def zp_problem(node: Node, ins: list[Operand | None], index: int, want_dtype: st
         return None
     if op.type.dtype != want_dtype:
         return f"{what} is {op.type.dtype}, its tensor {want_dtype}"
-    if op.type.size not in (1, *sizes):
-        return f"{what} of shape {op.type.shape}: polyml takes one value or one per {'/'.join(map(str, sizes))}"
-    return None
+    return _count_problem(op, sizes, what)
 
 
 @dataclass(frozen=True)
@@ -109,14 +114,13 @@ def requant_of(node: Node, ins: list[Operand | None], x_scale: int, w_scale: int
 
 
 def scale_problem(node: Node, ins: list[Operand | None], index: int, sizes: Sequence[int], what: str) -> str | None:
+    """Why input ``index`` is not a usable scale (present, float32, size 1 or per channel)."""
     op = ins[index] if index < len(ins) else None
     if op is None:
         return f"{what} is missing"
     if op.type.dtype != "float32":
         return f"{what} is {op.type.dtype} (float32 scales only)"
-    if op.type.size not in (1, *sizes):
-        return f"{what} of shape {op.type.shape}: polyml takes one value or one per {'/'.join(map(str, sizes))}"
-    return None
+    return _count_problem(op, sizes, what)
 
 
 class IntegerKernel(Kernel):
