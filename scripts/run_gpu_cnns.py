@@ -49,6 +49,20 @@ def median_ms(fn, feeds: dict, repeat: int) -> float:  # noqa: ANN001
     return statistics.median(times)
 
 
+def prepared(name: str, work: Path) -> tuple[Path, dict, object, dict]:
+    """Light CNN ``name`` with seeded random weights and its logits exposed, saved under ``work``:
+    its path, random inputs, the onnxruntime CPU session and that session's outputs (the reference)."""
+    import onnxruntime as ort
+
+    model = expose_logits(randomize_weights(onnx.load(str(light_model_path(name))), seed=0))
+    path = work / f"{name}.onnx"
+    onnx.save(model, path)
+    feeds = random_inputs(model)
+    sess = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    ref = dict(zip([o.name for o in sess.get_outputs()], sess.run(None, feeds)))
+    return path, feeds, sess, ref
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--models", default=",".join(LIGHT_MODELS))
@@ -66,19 +80,13 @@ def main() -> int:
     except PolymlError as e:
         print(f"run_gpu_cnns: {e}", file=sys.stderr)
         return 2
-    import onnxruntime as ort
 
     rows = []
     failures = 0
     with tempfile.TemporaryDirectory(prefix="polyml-gpu-cnns-") as tmp:
         work = Path(tmp)
         for name in args.models.split(","):
-            model = expose_logits(randomize_weights(onnx.load(str(light_model_path(name))), seed=0))
-            path = work / f"{name}.onnx"
-            onnx.save(model, path)
-            feeds = random_inputs(model)
-            sess = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
-            ref = dict(zip([o.name for o in sess.get_outputs()], sess.run(None, feeds)))
+            path, feeds, sess, ref = prepared(name, work)
             t0 = time.perf_counter()
             build_cuda_artifact(read_graph(path), work / f"{name}.cuda", sm=args.sm)
             build_s = time.perf_counter() - t0
@@ -125,14 +133,7 @@ def emulated(args: argparse.Namespace) -> int:
     with tempfile.TemporaryDirectory(prefix="polyml-emu-cnns-") as tmp:
         work = Path(tmp)
         for name in args.models.split(","):
-            model = expose_logits(randomize_weights(onnx.load(str(light_model_path(name))), seed=0))
-            path = work / f"{name}.onnx"
-            onnx.save(model, path)
-            feeds = random_inputs(model)
-            import onnxruntime as ort
-
-            sess = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
-            ref = dict(zip([o.name for o in sess.get_outputs()], sess.run(None, feeds)))
+            path, feeds, sess, ref = prepared(name, work)
             for smem in (False, True) if args.shared_memory else (False,):
                 out = work / f"{name}.{'smem' if smem else 'plain'}"
                 t0 = time.perf_counter()
