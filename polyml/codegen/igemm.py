@@ -49,6 +49,7 @@ import numpy as np
 
 from polyml.codegen.builder import I32, I64, Buffer, KernelBuilder
 from polyml.codegen.gemm import _c, _function, _min, _round_up, for_range, tile_loop
+from polyml.codegen.gemm import matrix_loader as matrix_loader  # the same row-major loader, 8-bit elements here
 from polyml.errors import PolymlError
 
 I8 = ir.IntType(8)
@@ -413,17 +414,6 @@ def _pack_x_panel(b: ir.IRBuilder, spec: IGemmSpec, blk: IBlocking, ops: Sequenc
                 row = _min(b, b.add(pc, p), _c(spec.k - 1))
                 v = _convert(b, spec.load_x(b, ops, row, col), blk, spec.x_signed, "x")
                 b.store(b.select(inside, v, zero), b.gep(row_dst, [b.add(b.mul(jj, _c(g)), _c(e))], inbounds=True))
-
-
-def matrix_loader(index: int, ld: int, transposed: bool = False) -> Loader:
-    """Loader of a row-major 8-bit matrix at operand ``index``, leading dimension ``ld``
-    (``transposed``: element (r, c) is stored at ``[c][r]``)."""
-
-    def load(b: ir.IRBuilder, ops: Sequence[ir.Value], row: ir.Value, col: ir.Value) -> ir.Value:
-        r, c = (col, row) if transposed else (row, col)
-        return b.load(b.gep(ops[index], [b.add(b.mul(r, _c(ld), flags=["nsw"]), c, flags=["nsw"])], inbounds=True))
-
-    return load
 
 
 def _convert_vector(b: ir.IRBuilder, v: ir.Value, blk: IBlocking, signed: bool) -> ir.Value:
