@@ -3,7 +3,7 @@
 polyml's stages live in ``polyml/``; its op kernels and JSCoP passes live at the top of the tree
 (``kernels/``, ``passes/``, one file per op family / pass) and install as ``polyml.kernels`` and
 ``polyml.passes``.  Packages are found, not listed, so a new sub-package is always in the wheel.
-The lock files ``requirements/*.txt`` install as data under ``polyml/requirements/`` (read by
+The emulator's C runtime (``polyml/gpu/emulate/runtime.c``) is package data too.  The lock files ``requirements/*.txt`` install as data under ``polyml/requirements/`` (read by
 ``polyml.lockfile``: ``polyml doctor`` and every manifest record the lock's sha256).
 """
 
@@ -21,4 +21,6 @@ packages.append("polyml.requirements")
 package_dir["polyml.requirements"] = "requirements"
 
 setup(packages=packages, package_dir=package_dir,
-      package_data={"polyml.requirements": ["runtime.txt", "test.txt"]})
+      package_data={"polyml.requirements": ["runtime.txt", "test.txt"],
+                    # the CUDA emulator's grid runtime, compiled with clang at first use
+                    "polyml.gpu.emulate": ["runtime.c"]})

@@ -38,14 +38,16 @@ def _not(s: Scalar, v: list[ir.Value]) -> ir.Value:
 
 
 BITWISE = {"BitwiseAnd": "and_", "BitwiseOr": "or_", "BitwiseXor": "xor"}
+#: bit operations act on the two's-complement bytes, the same for signed and unsigned types
+BIT_TYPES = INTS | {"int8", "uint8"}
 
 
-@scalar_op(*BITWISE, dtypes=INTS)
+@scalar_op(*BITWISE, dtypes=BIT_TYPES)
 def _bitwise(s: Scalar, v: list[ir.Value]) -> ir.Value:
     return getattr(s.b, BITWISE[s.node.op_type])(v[0], v[1])
 
 
-@scalar_op("BitwiseNot", dtypes=INTS)
+@scalar_op("BitwiseNot", dtypes=BIT_TYPES)
 def _bitwise_not(s: Scalar, v: list[ir.Value]) -> ir.Value:
     return s.b.xor(v[0], s.const(-1))
 

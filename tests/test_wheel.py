@@ -121,6 +121,7 @@ def test_wheel_has_every_module_and_the_locks(dist) -> None:
         assert not missing, f"not in the wheel: {missing}"
         for lock in LOCKS:
             assert z.read(f"polyml/requirements/{lock}") == (ROOT / "requirements" / lock).read_bytes()
+        assert z.read("polyml/gpu/emulate/runtime.c") == (ROOT / "polyml" / "gpu" / "emulate" / "runtime.c").read_bytes()
         (entry_points,) = (n for n in names if n.endswith(".dist-info/entry_points.txt"))
         assert "polyml = polyml.cli:main" in z.read(entry_points).decode()
     assert not any(n.startswith(("kernels/", "passes/", "tests/", "requirements/")) for n in names), \
@@ -193,6 +194,19 @@ def test_scops(venv, env, work) -> None:
     assert "conv0" in ops, ops  # the Relu is fused into it
 
 
+def test_cuda_build_runs_on_the_emulator(venv, env, work) -> None:
+    """`--target cuda-emulated` from the installed wheel: its C runtime is package data."""
+    _conv_relu(work / "conv_relu.onnx")
+    model = onnx.load(str(work / "conv_relu.onnx"))
+    feeds = random_inputs(model, seed=3)
+    np.savez(work / "cin.npz", **feeds)
+    polyml(venv, env, work, "run", "conv_relu.onnx", "--target", "cuda-emulated", "--inputs", "cin.npz",
+           "--outputs", "cout.npz")
+    ref = onnxruntime_run(model, feeds)
+    with np.load(work / "cout.npz") as got:
+        assert rel_error(got["y"], ref["y"]) <= 1e-5
+
+
 def test_passes_and_opt(venv, env, work) -> None:
     from tests.test_scop_workflow import GEMM_C
 
@@ -201,7 +215,7 @@ def test_passes_and_opt(venv, env, work) -> None:
     from polyml.driver.toolchain import tool
 
     _run([tool("clang"), "-S", "-emit-llvm", "-O1", "-Xclang", "-disable-llvm-passes", "gemm.c", "-o", "gemm.ll"], work, env)
-    polyml(venv, env, work, "opt", "gemm.ll", "--passes", "tile", "-o", "gemm.tiled.ll", "--jscop-dir", "jscop")
+    polyml(venv, env, work, "opt", "gemm.ll", "--passes", "tile{sizes=32}", "-o", "gemm.tiled.ll", "--jscop-dir", "jscop")
     _run([tool("opt"), "-passes=verify", "-disable-output", "gemm.tiled.ll"], work, env)
     (new,) = (work / "jscop").glob("*.jscop.new")
     assert "floor((i0)/32)" in new.read_text()
