@@ -131,6 +131,19 @@ def build(kernel: str, variant: str, size: str, work: Path, passes: str | None =
 _SECONDS = re.compile(r"^seconds ([0-9.eE+-]+)$", re.M)
 
 
+_ADDRESS = re.compile(r"\b(0x)?[0-9a-f]{4,}\b(?= <)")
+
+
+def kernel_code(exe: Path, kernel: str) -> str:
+    """The machine code of ``kernel_<kernel>`` in ``exe`` (llvm-objdump, addresses dropped, jump
+    targets kept as ``<symbol+offset>``): two builds whose texts are equal run the same kernel."""
+    sym = "kernel_" + kernel.replace("-", "_")
+    proc = _run([tool("llvm-objdump"), "-d", "--no-show-raw-insn", "--no-leading-addr",
+                 f"--disassemble-symbols={sym}", str(exe)], f"{kernel}: llvm-objdump")
+    body = proc.stdout.split(f"<{sym}>:", 1)
+    return _ADDRESS.sub("", body[1]).strip() if len(body) == 2 else ""
+
+
 def run(b: Build, threads: int = 1, dump: Path | None = None) -> float:
     """Run a build once (``OMP_NUM_THREADS=threads``); the kernel's seconds."""
     env = {**os.environ, "OMP_NUM_THREADS": str(threads), "GOMP_SPINCOUNT": os.environ.get("GOMP_SPINCOUNT", "1000")}
