@@ -29,6 +29,7 @@ constant offset from the output position on the plane pitch):
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import llvmlite.ir as ir
@@ -51,8 +52,9 @@ from polyml.kernels.conv import Window, conv_window, copy_parallel, nest, window
 
 from polyml.codegen import gemm as packed
 from polyml.codegen import igemm
-from polyml.codegen.builder import I32, Buffer, KernelBuilder, pointer_type
-from polyml.codegen.quant import to_i32
+from polyml.codegen.builder import F32, I32, Buffer, KernelBuilder, pointer_type
+from polyml.codegen.quant import like, quantize_value, to_i32
+from polyml.driver.toolchain import host_target
 from polyml.errors import ShapeError
 from polyml.graph import Node, TensorType
 
@@ -130,28 +132,66 @@ class _Flat:
                 out.append(((a * sw + b) * self.rows + (kh * dh) // sh) * self.pitch + (kw * dw) // sw)
         return out
 
-    def fill(self, k: KernelBuilder, x: Buffer, xq: Buffer, zx: ir.Value | None, zx_buf: Buffer | None) -> None:
-        """``xq`` = the zero point everywhere, then the input copied into its phase planes."""
-        n_, c_all, h, w = x.shape
+    def phases(self, h: int, w: int) -> Iterator[tuple[int, int, tuple[int, int], tuple[int, int]]]:
+        """Per stride phase ``(a, b)`` holding any input element: the plane's index ``a·sw + b``,
+        its first element's offset, and the plane rows and columns the input covers."""
         (sh, sw), (pt, pl) = self.strides, self.pads
-        with k.loop(0, xq.shape[0], "zfill") as i:
-            xq.store([i], zx if zx is not None else zx_buf.load([0]))
-        for a in range(sh):  # per phase: the input rows r·sh + a - pt and columns q·sw + b - pl inside x
+        for a in range(sh):  # the input rows r·sh + a - pt and columns q·sw + b - pl inside x
             rows = (max(0, -((a - pt) // sh)), min(self.rows, (h - 1 + pt - a) // sh + 1))
             for bb in range(sw):
                 cols = (max(0, -((bb - pl) // sw)), min(self.pitch, (w - 1 + pl - bb) // sw + 1))
-                if rows[1] <= rows[0] or cols[1] <= cols[0]:
-                    continue
-                extents = [n_, c_all, rows, cols]
-                with nest(k, extents, names=["qn", "qc", "qr", "qq"], parallel=copy_parallel(extents)) as ix:
-                    b = k.b
-                    n, c, r, q = (k.i64(v) for v in ix)
-                    plane = (a * sw + bb) * self.rows * self.pitch
-                    at = b.add(b.add(b.mul(b.add(b.mul(n, k.i64(c_all)), c), k.i64(self.plane_set)),
-                                     b.mul(r, k.i64(self.pitch))), b.add(q, k.i64(plane)))
-                    ih = b.add(b.mul(r, k.i64(sh)), k.i64(a - pt))
-                    iw = b.add(b.mul(q, k.i64(sw)), k.i64(bb - pl))
-                    xq.store([at], x.load([n, c, ih, iw]))
+                if rows[1] > rows[0] and cols[1] > cols[0]:
+                    yield a, bb, rows, cols
+
+    def _source(self, k: KernelBuilder, a: int, bb: int, r: ir.Value, q: ir.Value) -> tuple[ir.Value, ir.Value, ir.Value]:
+        """Within a channel: the flat offset of plane ``(a, b)``'s element ``(r, q)`` and the
+        input row and column it holds."""
+        b = k.b
+        (sh, sw), (pt, pl) = self.strides, self.pads
+        at = b.add(b.mul(r, k.i64(self.pitch)), b.add(q, k.i64((a * sw + bb) * self.rows * self.pitch)))
+        return at, b.add(b.mul(r, k.i64(sh)), k.i64(a - pt)), b.add(b.mul(q, k.i64(sw)), k.i64(bb - pl))
+
+    def fill(self, k: KernelBuilder, x: Buffer, xq: Buffer, zx: ir.Value | None, zx_buf: Buffer | None) -> None:
+        """``xq`` = the zero point everywhere, then the input copied into its phase planes."""
+        n_, c_all, h, w = x.shape
+        with k.loop(0, xq.shape[0], "zfill") as i:
+            xq.store([i], zx if zx is not None else zx_buf.load([0]))
+        for a, bb, rows, cols in self.phases(h, w):
+            extents = [n_, c_all, rows, cols]
+            with nest(k, extents, names=["qn", "qc", "qr", "qq"], parallel=copy_parallel(extents)) as ix:
+                b = k.b
+                n, c, r, q = (k.i64(v) for v in ix)
+                at, ih, iw = self._source(k, a, bb, r, q)
+                xq.store([b.add(b.mul(b.add(b.mul(n, k.i64(c_all)), c), k.i64(self.plane_set)), at)],
+                         x.load([n, c, ih, iw]))
+
+    def fill_channel(self, k: KernelBuilder, x: Buffer, n: ir.Value, c: ir.Value, dst: ir.Value, zx: ir.Value,
+                     slack: int) -> None:
+        """One channel's phase planes (and ``slack`` bytes after them) at ``dst`` (``i8*``): the
+        zero point, then the input copied in; inside a parallel loop body, so that each thread
+        copies the channels it computes while they fit its L1."""
+        with k.loop(0, self.plane_set + slack, "zfill") as i:
+            k.b.store(zx, k.b.gep(dst, [k.i64(i)], inbounds=True))
+        by_row: dict[int, list[tuple[int, tuple[int, int], tuple[int, int]]]] = {}
+        for a, bb, rows, cols in self.phases(*x.shape[2:]):
+            by_row.setdefault(a, []).append((bb, rows, cols))
+        for a, phases in by_row.items():
+            rows = phases[0][1]
+            lo, hi = max(cols[0] for _, _, cols in phases), min(cols[1] for _, _, cols in phases)
+
+            def copy(r: ir.Value, q: ir.Value, which: list[int], a: int = a) -> None:
+                for bb in which:
+                    at, ih, iw = self._source(k, a, bb, r, q)
+                    k.b.store(x.load([n, c, ih, iw]), k.b.gep(dst, [at], inbounds=True))
+
+            if hi > lo:  # all column phases in one loop: contiguous input, one store stream per plane
+                with nest(k, [rows, (lo, hi)], names=["qr", "qq"]) as (r, q):
+                    copy(k.i64(r), k.i64(q), [bb for bb, _, _ in phases])
+            for bb, _, (c0, c1) in phases:  # the few columns only some phases have
+                for span in ((c0, min(c1, lo)), (max(c0, hi), c1)) if hi > lo else ((c0, c1),):
+                    if span[1] > span[0]:
+                        with nest(k, [rows, span], names=["qr", "qe"]) as (r, q):
+                            copy(k.i64(r), k.i64(q), [bb])
 
 
 @dataclass(frozen=True)
@@ -169,6 +209,38 @@ class _DirectParams:
     zw_t: ir.GlobalVariable | None
     zw_buf: Buffer | None
     zx_buf: Buffer | None
+
+
+#: x86's multiply-add of int16 lane pairs into int32 lanes, by int32 lanes per vector
+_PMADDWD = {16: "llvm.x86.avx512.pmaddw.d.512", 8: "llvm.x86.avx2.pmadd.wd", 4: "llvm.x86.sse2.pmadd.wd"}
+
+
+def _splat(b: ir.IRBuilder, v: ir.Value, ty: ir.VectorType) -> ir.Value:
+    """A scalar broadcast to every lane of ``ty``."""
+    one = b.insert_element(ir.Constant(ty, None), v, ir.Constant(I32, 0))
+    return b.shuffle_vector(one, ir.Constant(ty, None), ir.Constant(ir.VectorType(I32, ty.count), [0] * ty.count))
+
+
+def _memcpy(b: ir.IRBuilder, dst: ir.Value, src: ir.Value, nbytes: int) -> None:
+    """``llvm.memcpy`` of a constant size (expanded inline into a few wide moves)."""
+    module = b.block.function.module
+    i8p = I8.as_pointer()
+    fn = module.globals.get("llvm.memcpy.p0i8.p0i8.i64") or ir.Function(
+        module, ir.FunctionType(ir.VoidType(), [i8p, i8p, I64, ir.IntType(1)]), "llvm.memcpy.p0i8.p0i8.i64")
+    b.call(fn, [dst, src, ir.Constant(I64, nbytes), ir.Constant(ir.IntType(1), 0)])
+
+
+def _pmaddwd(module: ir.Module, lanes: int) -> ir.Function:
+    """``pmaddwd``: ``r[j] = a[2j]·b[2j] + a[2j+1]·b[2j+1]`` (int16 in, int32 out); with an add
+    of the result LLVM selects ``vpdpwssd`` where the CPU has VNNI.  Written as the intrinsic:
+    as plain multiplies and shuffles, instcombine moves the shuffles before the multiply and the
+    pattern is lost."""
+    name = _PMADDWD[lanes]
+    fn = module.globals.get(name)
+    if fn is None:
+        v16 = ir.VectorType(ir.IntType(16), 2 * lanes)
+        fn = ir.Function(module, ir.FunctionType(ir.VectorType(I32, lanes), [v16, v16]), name)
+    return fn
 
 
 class _IntegerConv(IntegerKernel):
@@ -225,6 +297,17 @@ class _IntegerConv(IntegerKernel):
             return False
         return x.shape[0] * w.shape[0] * math.prod(win.out) * kk >= GEMM_MIN_MACS
 
+    def use_pairs(self, node: Node, ins: list[Operand | None]) -> bool:
+        """Whether this node runs :meth:`_depthwise_groups`: a host build, 2-D, one input and
+        one output channel per group, constant weights and zero points, a flat copy."""
+        if not packed.enabled() or ins[self.W].value is None or self.use_gemm(node, ins):
+            return False
+        win, group = self.geometry(node, ins)
+        x, w = ins[self.X].type, ins[self.W].type
+        zw = zero_point(ins, self.ZW, w.dtype)
+        return (win.rank == 2 and group == x.shape[1] == w.shape[0] and _Flat.of(win).copy and zw.known
+                and host_target().triple.startswith("x86_64"))
+
     def _gemm_dims(self, node: Node, ins: list[Operand | None]) -> tuple[int, int, int, int, int]:
         """(units = N·groups, Mg, N' = the flat columns, K, groups)."""
         win, group = self.geometry(node, ins)
@@ -239,7 +322,9 @@ class _IntegerConv(IntegerKernel):
         win, group = self.geometry(node, ins)
         g = f" g{group}" if group > 1 else ""
         blk = igemm.blocking_for_host(ins[self.W].type.shape[0] // group)
-        how = f"igemm {blk.variant} {blk.mr}x{blk.nr}" if self.use_gemm(node, ins) else "direct"
+        how = (f"igemm {blk.variant} {blk.mr}x{blk.nr}" if self.use_gemm(node, ins)
+               else f"direct {'vnni quads' if self.depthwise_span(node, ins) == 4 else 'int16 pairs'}"
+               if self.use_pairs(node, ins) else "direct")
         return (f"{'x'.join(map(str, win.kernel))}/{max(win.strides)} {ins[self.X].type.shape[1]}->"
                 f"{ins[self.W].type.shape[0]}{g} @{'x'.join(map(str, win.size))} {ins[self.X].type.dtype}x"
                 f"{ins[self.W].type.dtype} {how}")
@@ -261,6 +346,8 @@ class _IntegerConv(IntegerKernel):
             return t
         win, _ = self.geometry(node, ins)
         x = ins[self.X].type
+        if self.use_pairs(node, ins):
+            return []
         if win.rank == 2:
             flat = _Flat.of(win)
             return [TensorType((x.shape[0] * x.shape[1] * flat.plane_set + flat.SLACK,), x.dtype)] if flat.copy else []
@@ -296,6 +383,8 @@ class _IntegerConv(IntegerKernel):
         set.add(k.fn.attributes, '"prefer-vector-width"="512"')
         if self.use_gemm(k.node, ins):
             self._gemm(k, ins)
+        elif self.use_pairs(k.node, ins):
+            self._depthwise_groups(k, ins)
         elif self.geometry(k.node, ins)[0].rank == 2:
             self._direct_flat(k, ins)
         else:
@@ -465,14 +554,148 @@ class _IntegerConv(IntegerKernel):
 
     @staticmethod
     def _flat_out(b: ir.IRBuilder, total: ir.Value, wsum: ir.Value, zx, zx_buf, x_dtype: str, bias_t, mult,  # noqa: ANN001
-                  rq: Requant | None, tables: Tables, m: ir.Value, yrow: ir.Value, q: ir.Value) -> None:
-        """``total - x_zp·Σw (+ bias)``, requantized (or int32) into the flat row buffer."""
+                  rq: Requant | None, tables: Tables, m: ir.Value, yrow: ir.Value, q: ir.Value | None) -> None:
+        """``total - x_zp·Σw (+ bias)``, requantized (or int32) into the flat row buffer at ``q``
+        (``q`` None: ``yrow`` is the element's address)."""
         zxv = ir.Constant(I32, zx.at(0)) if zx_buf is None else to_i32(b, zx_buf.load([0]), x_dtype)
         v = b.sub(total, b.mul(zxv, b.load(wsum)))
         if bias_t is not None:
             v = b.add(v, tables.load(b, bias_t, m))
         scale = tables.load(b, mult, m) if mult is not None else None
-        store_output(b, v, b.gep(yrow, [ir.Constant(I64, 0), q], inbounds=True), scale, rq)
+        store_output(b, v, yrow if q is None else b.gep(yrow, [ir.Constant(I64, 0), q], inbounds=True), scale, rq)
+
+    @staticmethod
+    def tap_groups(offsets: list[int], span: int) -> list[tuple[int, list[tuple[int, int]]]]:
+        """The taps grouped as ``(base, [(position, tap), ...])``: every tap of a group reads
+        ``x[q + base + position]`` with ``position < span``, so one multiply-add over ``span``
+        consecutive elements (int16 pairs, or VNNI's 4-byte groups) covers the whole group."""
+        at = sorted((off, t) for t, off in enumerate(offsets))
+        assert len({off for off, _ in at}) == len(at), "two taps read the same element"
+        groups: list[tuple[int, list[tuple[int, int]]]] = []
+        for off, t in at:
+            if groups and off - groups[-1][0] < span:
+                groups[-1][1].append((off - groups[-1][0], t))
+            else:
+                groups.append((off, [(0, t)]))
+        return groups
+
+    def depthwise_span(self, node: Node, ins: list[Operand | None]) -> int:
+        """Taps per multiply-add of :meth:`_depthwise_groups`: 4 (``vpdpbusd``, uint8 inputs
+        times int8 weights) on VNNI hosts where the weights minus their zero point fit int8,
+        else 2 (int16 pairs)."""
+        w = np.asarray(ins[self.W].value).astype(np.int64)
+        wv = w.reshape(w.shape[0], -1) - zero_point(ins, self.ZW, ins[self.W].type.dtype).array(w.shape[0])[:, None]
+        vnni = igemm.blocking_for_host().variant == "vnni" and igemm.blocking_for_host().width == 16
+        fits = bool(wv.size == 0 or (wv.min() >= -128 and wv.max() <= 127))
+        return 4 if vnni and ins[self.X].type.dtype == "uint8" and fits else 2
+
+    def _depthwise_groups(self, k: KernelBuilder, ins: list[Operand | None]) -> None:
+        """Depthwise 2-D convolution with ``g`` taps per multiply-add (:meth:`depthwise_span`).
+
+        On the flat input (:class:`_Flat`) tap ``t`` of flat output ``q`` reads ``x[q + off_t]``;
+        the taps whose offsets lie within ``g`` consecutive elements form a group
+        (:meth:`tap_groups`: a 3x3 kernel's rows, or ``kw`` 0 and 2 of one stride phase).  A
+        vector loaded at ``q + base + r`` holds, in its ``g``-element lane groups ``j``, the
+        group's inputs of output ``q + g·j + r``; multiplied by the group's weights (zero where
+        no tap sits) and summed per lane group, it adds the whole group to those ``L`` outputs.
+        ``g`` = 4: bytes as they are, ``vpdpbusd`` (uint8 × int8, 4 products per int32 lane);
+        ``g`` = 2: bytes widened to int16, ``pmaddwd`` (``vpdpwssd`` with VNNI).  All products
+        and sums are exact in int32.  The ``g`` phase accumulators are interleaved into the
+        block's outputs in order, requantized in registers into a byte row of the flat outputs
+        (ConvInteger: an int32 row), whose valid columns are copied to each output row with
+        one fixed-size ``memcpy``.  Per 64 outputs a 3x3 stride-1 kernel takes 12 ``vpdpbusd`` with
+        their loads (the int32 nest took 36 widening loads, 36 ``vpmulld`` and 36 adds).
+        Each thread copies its channel's planes into a stack buffer (:meth:`_Flat.fill_channel`)
+        just before computing it; loads of the last block may run up to ``g·L + g`` bytes past
+        the planes, into slack the buffer has, and only feed junk columns."""
+        win, _ = self.geometry(k.node, ins)
+        flat = _Flat.of(win)
+        x, y = k.inputs[self.X], k.outputs[0]
+        x_dtype, w_dtype = ins[self.X].type.dtype, ins[self.W].type.dtype
+        n_, c_all = x.shape[:2]
+        p = self._params(k, ins, c_all, x_dtype, w_dtype)
+        span = self.depthwise_span(k.node, ins)
+        wv = (np.asarray(ins[self.W].value).astype(np.int64).reshape(c_all, math.prod(win.kernel))
+              - p.zw.array(c_all).astype(np.int64)[:, None])
+        groups = self.tap_groups(flat.tap_offsets(win), span)
+        bits = 32 // span
+        packed_w = np.zeros((c_all, len(groups)), np.int64)
+        for i, (_, members) in enumerate(groups):
+            for pos, t in members:
+                packed_w[:, i] |= (wv[:, t] & ((1 << bits) - 1)) << (bits * pos)
+        group_t = p.tables.i32(packed_w.astype(np.uint32).view(np.int32), "wgroups")
+        wsum_t = p.tables.i32(wv.sum(axis=1).astype(np.int32), "wsum")
+        lanes = igemm.blocking_for_host().width
+        vec = ir.VectorType(I32, lanes)
+        part = ir.VectorType(ir.IntType(bits), span * lanes)  # one load, as the multiply-add reads it
+        if span == 4:
+            dp = k.module.globals.get("llvm.x86.avx512.vpdpbusd.512") or ir.Function(
+                k.module, ir.FunctionType(vec, [vec, vec, vec]), "llvm.x86.avx512.vpdpbusd.512")
+        else:
+            madd = _pmaddwd(k.module, lanes)
+        wide = ir.VectorType(I32, 2 * lanes)
+        mix2 = ir.Constant(wide, [i // 2 + (lanes if i % 2 else 0) for i in range(2 * lanes)])
+        mix4 = ir.Constant(ir.VectorType(I32, 4 * lanes),
+                           [2 * (i // 4) + (i % 4 if i % 4 < 2 else 2 * lanes + i % 4 - 2) for i in range(4 * lanes)])
+        per_block = span * lanes
+        ncols, pitch, (oh_n, ow_n) = flat.columns, flat.pitch, win.out
+        blocks = -(-ncols // per_block)
+        slack = per_block + span  # past the planes, the last block's loads (junk columns only)
+        rq = p.rq
+        with nest(k, [n_, c_all], names=["n", "m"], parallel=2) as (n, m):
+            planes = _entry_alloca(k, ir.ArrayType(I8, flat.plane_set + slack), "x.flat")
+            row = _entry_alloca(k, ir.ArrayType(I32 if rq is None else I8, blocks * per_block), "y.flat")
+            wsum = _entry_alloca(k, I32, "wsum")
+            b = k.b
+            m_i = k.i64(m)
+            b.store(Tables.load(b, wsum_t, m_i), wsum)
+            wvecs = []
+            for i in range(len(groups)):
+                pw = Tables.load(b, group_t, b.add(b.mul(m_i, k.i64(len(groups))), k.i64(i)))
+                wvecs.append(_splat(b, pw, vec) if span == 4 else b.bitcast(_splat(b, pw, vec), part))
+            if rq is not None:  # per channel: the correction -x_zp·Σw (+ bias) and the multiplier
+                zxv = ir.Constant(I32, p.zx.at(0)) if p.zx_buf is None else to_i32(b, p.zx_buf.load([0]), x_dtype)
+                corr = b.sub(ir.Constant(I32, 0), b.mul(zxv, b.load(wsum)))
+                if p.bias_t is not None:
+                    corr = b.add(corr, Tables.load(b, p.bias_t, m_i))
+                outv = ir.VectorType(I32, per_block)
+                fv = ir.VectorType(F32, per_block)
+                corr_v, mult_v = _splat(b, corr, outv), _splat(b, Tables.load(b, p.mult, m_i), fv)
+            base = b.bitcast(planes, I8.as_pointer())
+            zx = ir.Constant(I8, p.zx.at(0) & 0xFF) if p.zx_buf is None else p.zx_buf.load([0])
+            flat.fill_channel(k, x, k.i64(n), m_i, base, zx, slack)
+            with k.loop(0, blocks, "qb") as qb:
+                b = k.b
+                q0 = b.mul(k.i64(qb), k.i64(per_block))
+                accs = [ir.Constant(vec, [0] * lanes) for _ in range(span)]
+                for (off, _), wvec in zip(groups, wvecs):
+                    for r in range(span):
+                        ptr = b.gep(base, [b.add(q0, k.i64(off + r))], inbounds=True)
+                        xv = b.load(b.bitcast(ptr, ir.VectorType(I8, per_block).as_pointer()), align=1)
+                        if span == 4:
+                            accs[r] = b.call(dp, [accs[r], b.bitcast(xv, vec), wvec])
+                        else:
+                            xw = b.sext(xv, part) if x_dtype == "int8" else b.zext(xv, part)
+                            accs[r] = b.add(accs[r], b.call(madd, [xw, wvec]), flags=["nsw"])
+                out = b.shuffle_vector(accs[0], accs[1], mix2)
+                if span == 4:
+                    out = b.shuffle_vector(out, b.shuffle_vector(accs[2], accs[3], mix2), mix4)
+                dst = b.gep(row, [k.i64(0), q0], inbounds=True)
+                if rq is not None:  # requantized in registers (store_output's arithmetic, lane by lane)
+                    scaled = b.fmul(b.sitofp(b.add(out, corr_v), fv), mult_v)
+                    out = quantize_value(b, scaled, like(fv, float(rq.zero_point)), rq.dtype, rq.lo, rq.hi)
+                b.store(out, b.bitcast(dst, out.type.as_pointer()), align=1)
+            if rq is not None:  # the valid columns of each output row: one fixed-size memcpy
+                with k.loop(0, oh_n, "yh") as oh:
+                    b = k.b
+                    src_row = b.gep(row, [k.i64(0), b.mul(k.i64(oh), k.i64(pitch))], inbounds=True)
+                    _memcpy(b, b.bitcast(y.addr([n, m, oh, 0]), I8.as_pointer()), src_row, ow_n)
+                return
+            with nest(k, [oh_n, ow_n], names=["yh", "yw"]) as (oh, ow):  # int32 out: corrected into y
+                b = k.b
+                total = b.load(b.gep(row, [k.i64(0), b.add(b.mul(k.i64(oh), k.i64(pitch)), k.i64(ow))], inbounds=True))
+                self._flat_out(b, total, wsum, p.zx, p.zx_buf, x_dtype, p.bias_t, p.mult, p.rq, p.tables, m_i,
+                               y.addr([n, m, oh, ow]), None)
 
     def _direct(self, k: KernelBuilder, ins: list[Operand | None]) -> None:
         """The padded copy (if needed), then per ``n, m`` and output row an int32 row accumulator."""

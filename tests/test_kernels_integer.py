@@ -252,6 +252,89 @@ def test_qlinear_conv_clip_and_weight_zero_point() -> None:
     _exact(_polyml(model, feeds), onnxruntime_run(model, feeds)["y"])
 
 
+#: depthwise convolutions (one channel per group: the grouped-tap kernels), (x shape, kernel, attributes)
+DEPTHWISE_CASES = [
+    ((1, 24, 9, 7), (3, 3), {"pads": [1, 1, 1, 1]}),
+    ((2, 16, 13, 11), (3, 3), {"pads": [1, 0, 2, 1], "strides": [2, 2]}),  # batch 2, odd sizes, asymmetric pads
+    ((1, 8, 12, 12), (5, 5), {"pads": [2, 2, 2, 2]}),  # 5 taps a row: a group of 4 and a single tap
+    ((1, 8, 11, 11), (3, 3), {"pads": [2, 2, 2, 2], "dilations": [2, 2]}),  # taps 2 apart
+    ((1, 32, 3, 3), (3, 3), {"pads": [1, 1, 1, 1]}),  # fewer outputs than one vector block
+    ((1, 16, 20, 70), (3, 3), {"pads": [1, 1, 1, 1], "strides": [1, 2]}),  # rows longer than a block
+]
+
+
+def _built(model: onnx.ModelProto, feeds: dict[str, np.ndarray]) -> tuple[np.ndarray, str]:
+    """polyml's output and its first function's description (which lowering ran)."""
+    import json
+
+    with tempfile.TemporaryDirectory(prefix="polyml-int-") as tmp:
+        onnx.save(model, f"{tmp}/m.onnx")
+        out = polyml_compile(Path(tmp) / "m.onnx", Path(tmp) / "b", cache=False, threads=2).run(feeds)["y"]
+        detail = json.loads((Path(tmp) / "b" / "manifest.json").read_text())["functions"][0]["detail"]
+    return out, detail
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+@pytest.mark.parametrize("case", DEPTHWISE_CASES, ids=[f"{c[0]}-{c[1]}-{i}" for i, c in enumerate(DEPTHWISE_CASES)])
+def test_qlinear_conv_depthwise(case: tuple, variant: str, monkeypatch) -> None:
+    """uint8 activations run 4 taps per ``vpdpbusd`` with VNNI, int8 activations (and every
+    forced non-VNNI variant) int16 pairs; both exact against onnxruntime, saturating."""
+    monkeypatch.setenv("POLYML_IGEMM", variant)
+    xs, kernel, attrs = case
+    c = xs[1]
+    for xdt in (np.uint8, np.int8):
+        model, feeds = _qconv(np.random.default_rng(11), xs, (c, 1, *kernel), xdt=xdt, group=c, **attrs)
+        got, detail = _built(model, feeds)
+        expect = "vnni quads" if variant == "vnni" and xdt == np.uint8 else "int16 pairs"
+        assert detail.endswith(f"direct {expect}"), detail
+        ref = onnxruntime_run(model, feeds)["y"]
+        _exact(got, ref)
+
+
+def test_qlinear_conv_depthwise_weight_zero_points() -> None:
+    """uint8 weights with per-channel zero points: w - w_zp within int8 takes the 4-byte groups,
+    beyond it (zero point 0, weights up to 255) int16 pairs; a fused clamp; no bias."""
+    rng = np.random.default_rng(12)
+    x = _ints(rng, (1, 16, 10, 12), np.uint8)
+    for w_zp, expect in ((np.full(16, 128, np.uint8), "vnni quads" if _host_has_vnni() else "int16 pairs"),
+                         (np.zeros(16, np.uint8), "int16 pairs")):
+        consts = {"x_s": np.array(0.02, np.float32), "x_zp": np.array(9, np.uint8), "w": _ints(rng, (16, 1, 3, 3), np.uint8),
+                  "w_s": (rng.uniform(0.5, 1.5, 16) * 2e-3).astype(np.float32), "w_zp": w_zp,
+                  "y_s": np.array(0.05, np.float32), "y_zp": np.array(120, np.uint8)}
+        model = _model("QLinearConv", {"x": x}, consts, ["x", "x_s", "x_zp", "w", "w_s", "w_zp", "y_s", "y_zp"],
+                       TensorProto.UINT8, group=16, pads=[1, 1, 1, 1])
+        ref = onnxruntime_run(model, {"x": x})["y"]
+        got, detail = _built(model, {"x": x})
+        assert detail.endswith(f"direct {expect}"), detail
+        _exact(got, ref)
+        model.graph.node[0].attribute.append(helper.make_attribute("polyml_clip", [130, 240]))
+        _exact(_built(model, {"x": x})[0], np.clip(ref, 130, 240))
+
+
+def test_conv_integer_depthwise() -> None:
+    """ConvInteger (int32 out) through the grouped-tap kernel: the int32 row, corrected per element."""
+    rng = np.random.default_rng(13)
+    x, w = _ints(rng, (1, 12, 9, 10), np.uint8), _ints(rng, (12, 1, 3, 3), np.int8)
+    feeds = {"x": x}
+    model = _model("ConvInteger", feeds, {"w": w, "x_zp": np.array(131, np.uint8), "w_zp": np.array(0, np.int8)},
+                   ["x", "w", "x_zp", "w_zp"], TensorProto.INT32, group=12, pads=[1, 1, 1, 1], strides=[2, 1])
+    got, detail = _built(model, feeds)
+    assert "direct" in detail and ("quads" in detail or "pairs" in detail), detail
+    _exact(got, ReferenceEvaluator(model).run(None, feeds)[0])
+
+
+def test_tap_groups() -> None:
+    """Taps within ``span`` consecutive elements share one multiply-add; positions are offsets
+    from the group's first tap."""
+    from polyml.kernels.qlinear_conv import _IntegerConv
+
+    offsets = [0, 1, 2, 10, 11, 12]  # a 2x3 kernel on a pitch of 10
+    assert _IntegerConv.tap_groups(offsets, 4) == [(0, [(0, 0), (1, 1), (2, 2)]), (10, [(0, 3), (1, 4), (2, 5)])]
+    assert _IntegerConv.tap_groups(offsets, 2) == [(0, [(0, 0), (1, 1)]), (2, [(0, 2)]), (10, [(0, 3), (1, 4)]),
+                                                   (12, [(0, 5)])]
+    assert _IntegerConv.tap_groups([0, 2, 4], 4) == [(0, [(0, 0), (2, 1)]), (4, [(0, 2)])]
+
+
 @pytest.mark.parametrize("wdt", [np.uint8, np.int8])
 def test_conv_integer(wdt: type) -> None:
     """ConvInteger (int32 out) against onnx.reference: the GEMM path (uint8 weights under VNNI

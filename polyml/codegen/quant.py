@@ -12,7 +12,7 @@ from __future__ import annotations
 import llvmlite.ir as ir
 import numpy as np
 
-from polyml.codegen.builder import F32, constant, is_float, llvm_type
+from polyml.codegen.builder import F32, is_float, llvm_type
 
 #: dtypes quantized tensors may have
 QTYPES = frozenset({"int8", "uint8"})
@@ -23,15 +23,24 @@ def qrange(dtype: str) -> tuple[int, int]:
     return int(info.min), int(info.max)
 
 
+def like(ty: ir.Type, value: float | int) -> ir.Constant:
+    """``value`` as a constant of ``ty``: a scalar, or splat across a vector type."""
+    if isinstance(ty, ir.VectorType):
+        return ir.Constant(ty, [value] * ty.count)
+    return ir.Constant(ty, value)
+
+
 def _call(b: ir.IRBuilder, name: str, *args: ir.Value) -> ir.Value:
+    """The float32 intrinsic ``name`` on scalars or vectors (``llvm.rint.f32``, ``.v16f32``)."""
     module = b.block.function.module
-    fnty = ir.FunctionType(F32, [F32] * len(args))
-    fn = module.globals.get(f"{name}.f32") or module.declare_intrinsic(name, [F32], fnty)
+    ty = args[0].type
+    full = f"{name}.v{ty.count}f32" if isinstance(ty, ir.VectorType) else f"{name}.f32"
+    fn = module.globals.get(full) or ir.Function(module, ir.FunctionType(ty, [ty] * len(args)), full)
     return b.call(fn, list(args))
 
 
 def rint(b: ir.IRBuilder, v: ir.Value) -> ir.Value:
-    """Round half to even (``llvm.rint``, vectorizable)."""
+    """Round half to even (``llvm.rint``, vectorizable; scalars or float32 vectors)."""
     return _call(b, "llvm.rint", v)
 
 
@@ -52,14 +61,16 @@ def to_i32(b: ir.IRBuilder, v: ir.Value, dtype: str) -> ir.Value:
 
 def saturate(b: ir.IRBuilder, v: ir.Value, dtype: str, lo: int | None = None, hi: int | None = None) -> ir.Value:
     """A float holding an integral value, clamped to ``dtype``'s range (and ``[lo, hi]`` when
-    given, the fused activation's range) and converted to ``dtype``."""
+    given, the fused activation's range) and converted to ``dtype`` (lane by lane for vectors)."""
     qmin, qmax = qrange(dtype)
     lo = qmin if lo is None else max(qmin, lo)
     hi = qmax if hi is None else min(qmax, hi)
-    flo, fhi = constant("float32", lo), constant("float32", hi)
+    flo, fhi = like(v.type, float(lo)), like(v.type, float(hi))
     v = b.select(b.fcmp_ordered("<", v, flo), flo, v)
     v = b.select(b.fcmp_ordered(">", v, fhi), fhi, v)
     t = llvm_type(dtype)
+    if isinstance(v.type, ir.VectorType):
+        t = ir.VectorType(t, v.type.count)
     return b.fptoui(v, t) if dtype == "uint8" else b.fptosi(v, t)
 
 
