@@ -5,7 +5,9 @@ Pooling cases cover pads, auto_pad, strides, dilations, ceil_mode (including a l
 that onnxruntime drops because it would start in the end padding), count_include_pad, 1-3
 spatial dims, windows small enough to unroll and large enough to loop, and a few opsets.  LRN
 sizes onnxruntime does not implement (even sizes, non-4-D inputs) are checked against numpy.
-Errors are max|Δ| / max|ref| ≤ 1e-4.
+Errors are max|Δ| / max|ref| ≤ 1e-4; MaxPool on float32, int8 and uint8 data must equal
+onnxruntime's exactly, on both its lowerings (the row form of padded windows and the unrolled
+form), with one thread and with the parallel nests.
 """
 
 from __future__ import annotations
@@ -15,11 +17,13 @@ import math
 import numpy as np
 import onnx
 import pytest
+from polyml.kernels.pool import pool_window, separable_max
 
 from polyml.compiler import compile as polyml_compile
 from polyml.errors import UnsupportedError
 from polyml.frontends.onnx import from_onnx
-from polyml.testing import compile_and_compare, rel_error
+from polyml.graph import TensorType
+from polyml.testing import compile_and_compare, onnxruntime_run, rel_error
 from polyml.testing import single_node_model as node_model
 
 TOL = 1e-4
@@ -87,6 +91,72 @@ def test_averagepool(xs, attrs) -> None:
 def test_pool_no_polly(op, idx) -> None:
     xs, attrs = WINDOWS[idx]
     check(node_model(op, {"x": xs}, **attrs), x_feed(xs), polly=False)
+
+
+# (x shape, attributes, whether the row form computes it); each runs on float32, int8, uint8
+MAX_EXACT = [
+    # ResNet's 3x3/2 pad 1, large enough for the parallel nests (>= 32K elements)
+    ((1, 16, 56, 56), {"kernel_shape": [3, 3], "strides": [2, 2], "pads": [1, 1, 1, 1]}, True),
+    ((1, 3, 7, 9), {"kernel_shape": [3, 3], "strides": [2, 2], "pads": [1, 1, 1, 1]}, True),
+    ((1, 16, 56, 56), {"kernel_shape": [2, 2], "strides": [2, 2]}, False),
+    ((1, 3, 7, 9), {"kernel_shape": [2, 2], "strides": [2, 2]}, False),
+    ((1, 4, 7, 9), {"kernel_shape": [3, 3], "pads": [1, 1, 1, 1]}, True),
+    ((1, 4, 7, 9), {"kernel_shape": [3, 3]}, False),
+    ((1, 3, 8, 10), {"kernel_shape": [3, 3], "strides": [2, 2], "ceil_mode": 1}, True),
+    ((1, 3, 8, 10), {"kernel_shape": [3, 3], "strides": [2, 2], "pads": [1, 1, 1, 1], "ceil_mode": 1}, True),
+    ((1, 3, 7, 9), {"kernel_shape": [3, 2], "strides": [2, 3], "pads": [0, 1, 2, 0]}, True),
+    ((1, 3, 7, 9), {"kernel_shape": [3, 3], "strides": [1, 2], "pads": [2, 0, 1, 2]}, True),
+    ((1, 3, 9, 9), {"kernel_shape": [3, 3], "strides": [2, 2], "auto_pad": "SAME_UPPER"}, True),
+    # a dilated leading dim whose taps leave the input: the padded copy
+    ((1, 3, 9, 9), {"kernel_shape": [3, 3], "strides": [2, 2], "dilations": [2, 2], "pads": [1, 1, 1, 1]}, False),
+    # dilated last dim (read from the padded row), dilated leading dim that stays inside
+    ((1, 3, 9, 11), {"kernel_shape": [2, 3], "strides": [1, 2], "dilations": [3, 2], "pads": [0, 2, 0, 2]}, True),
+    ((2, 3, 13), {"kernel_shape": [3], "strides": [2], "pads": [1, 1]}, True),
+    ((2, 3, 13), {"kernel_shape": [3], "strides": [2]}, False),
+    ((1, 2, 5, 7, 9), {"kernel_shape": [3, 3, 3], "strides": [2, 2, 2], "pads": [1, 1, 1, 1, 1, 1]}, True),
+    ((1, 2, 5, 7, 9), {"kernel_shape": [2, 3, 2], "strides": [1, 2, 2], "pads": [0, 1, 1, 1, 0, 1], "ceil_mode": 1}, True),
+    # 49 taps: the row form unrolls 7 + 7 (the unrolled form would loop over the taps)
+    ((1, 2, 14, 15), {"kernel_shape": [7, 7], "strides": [2, 2], "pads": [3, 3, 3, 3]}, True),
+    # a padded row wider than MAX_ROW: the padded copy
+    ((1, 2, 16390), {"kernel_shape": [3], "strides": [2], "pads": [1, 1]}, False),
+]
+DTYPES_8 = ["float32", "int8", "uint8"]
+
+
+def typed_feed(shape: tuple[int, ...], dtype: str, seed: int = 0) -> dict[str, np.ndarray]:
+    """Seeded data over the dtype's whole range (8-bit data includes its minimum, the pad value)."""
+    rng = np.random.default_rng(seed)
+    if dtype == "float32":
+        return {"x": rng.standard_normal(shape).astype(np.float32)}
+    info = np.iinfo(dtype)
+    return {"x": rng.integers(info.min, int(info.max) + 1, size=shape).astype(dtype)}
+
+
+def check_exact(model: onnx.ModelProto, feeds: dict[str, np.ndarray], tmp_path, **options) -> None:
+    onnx.save(model, str(tmp_path / "m.onnx"))
+    got = polyml_compile(tmp_path / "m.onnx", tmp_path / "build", **options).run(feeds)["y"]
+    ref = onnxruntime_run(model, feeds)["y"]
+    assert got.dtype == ref.dtype and got.shape == ref.shape
+    assert np.array_equal(got, ref), f"{int((got != ref).sum())} of {ref.size} differ"
+
+
+@pytest.mark.parametrize("dtype", DTYPES_8)
+@pytest.mark.parametrize("xs,attrs,row", MAX_EXACT, ids=[_id(xs, a) for xs, a, _ in MAX_EXACT])
+def test_maxpool_exact(xs, attrs, row, dtype, tmp_path) -> None:
+    feeds = typed_feed(xs, dtype)
+    model = node_model("MaxPool", feeds, opset=_opset(attrs), **attrs)
+    node = from_onnx(model).nodes[0]
+    assert separable_max(pool_window(node, TensorType(xs, dtype))) == row
+    check_exact(model, feeds, tmp_path)
+
+
+@pytest.mark.parametrize("dtype", DTYPES_8)
+@pytest.mark.parametrize("idx", [0, 2, 15], ids=lambda i: _id(*MAX_EXACT[i][:2]))
+def test_maxpool_exact_one_thread(idx, dtype, tmp_path) -> None:
+    """The same nests without the parallel regions."""
+    xs, attrs, _ = MAX_EXACT[idx]
+    feeds = typed_feed(xs, dtype, seed=1)
+    check_exact(node_model("MaxPool", feeds, **attrs), feeds, tmp_path, threads=1)
 
 
 @pytest.mark.parametrize("op,opset,attrs", [
