@@ -143,6 +143,25 @@ class _Flat:
                 if rows[1] > rows[0] and cols[1] > cols[0]:
                     yield a, bb, rows, cols
 
+    def copies(self, h: int, w: int) -> list[tuple[int, list[int], tuple[int, int], tuple[int, int]]]:
+        """The copy into the phase planes as ``(a, [b, ...], rows, columns)`` nests: per row
+        phase ``a``, the columns every column phase has in one nest (a contiguous run of the
+        input, one store stream per plane: it vectorizes), then the few columns only some have."""
+        by_row: dict[int, list[tuple[int, tuple[int, int], tuple[int, int]]]] = {}
+        for a, bb, rows, cols in self.phases(h, w):
+            by_row.setdefault(a, []).append((bb, rows, cols))
+        out = []
+        for a, phases in by_row.items():
+            rows = phases[0][1]
+            lo, hi = max(cols[0] for _, _, cols in phases), min(cols[1] for _, _, cols in phases)
+            if hi > lo:
+                out.append((a, [bb for bb, _, _ in phases], rows, (lo, hi)))
+            for bb, _, (c0, c1) in phases:
+                for span in ((c0, min(c1, lo)), (max(c0, hi), c1)) if hi > lo else ((c0, c1),):
+                    if span[1] > span[0]:
+                        out.append((a, [bb], rows, span))
+        return out
+
     def _source(self, k: KernelBuilder, a: int, bb: int, r: ir.Value, q: ir.Value) -> tuple[ir.Value, ir.Value, ir.Value]:
         """Within a channel: the flat offset of plane ``(a, b)``'s element ``(r, q)`` and the
         input row and column it holds."""
@@ -154,16 +173,15 @@ class _Flat:
     def fill(self, k: KernelBuilder, x: Buffer, xq: Buffer, zx: ir.Value | None, zx_buf: Buffer | None) -> None:
         """``xq`` = the zero point everywhere, then the input copied into its phase planes."""
         n_, c_all, h, w = x.shape
-        with k.loop(0, xq.shape[0], "zfill") as i:
+        with nest(k, [xq.shape[0]], names=["zfill"], parallel=min(1, copy_parallel([xq.shape[0]]))) as (i,):
             xq.store([i], zx if zx is not None else zx_buf.load([0]))
-        for a, bb, rows, cols in self.phases(h, w):
-            extents = [n_, c_all, rows, cols]
-            with nest(k, extents, names=["qn", "qc", "qr", "qq"], parallel=copy_parallel(extents)) as ix:
+        for a, bbs, rows, cols in self.copies(h, w):
+            extents = [n_, c_all, rows]
+            with nest(k, extents, names=["qn", "qc", "qr"], parallel=copy_parallel([*extents, cols])) as (n, c, r):
                 b = k.b
-                n, c, r, q = (k.i64(v) for v in ix)
-                at, ih, iw = self._source(k, a, bb, r, q)
-                xq.store([b.add(b.mul(b.add(b.mul(n, k.i64(c_all)), c), k.i64(self.plane_set)), at)],
-                         x.load([n, c, ih, iw]))
+                plane0 = b.mul(b.add(b.mul(k.i64(n), k.i64(c_all)), k.i64(c)), k.i64(self.plane_set))
+                self._copy_columns(k, x, k.i64(n), k.i64(c), a, bbs, k.i64(r), cols,
+                                   b.gep(b.bitcast(xq.ptr, I8.as_pointer()), [plane0], inbounds=True))
 
     def fill_channel(self, k: KernelBuilder, x: Buffer, n: ir.Value, c: ir.Value, dst: ir.Value, zx: ir.Value,
                      slack: int) -> None:
@@ -172,26 +190,44 @@ class _Flat:
         copies the channels it computes while they fit its L1."""
         with k.loop(0, self.plane_set + slack, "zfill") as i:
             k.b.store(zx, k.b.gep(dst, [k.i64(i)], inbounds=True))
-        by_row: dict[int, list[tuple[int, tuple[int, int], tuple[int, int]]]] = {}
-        for a, bb, rows, cols in self.phases(*x.shape[2:]):
-            by_row.setdefault(a, []).append((bb, rows, cols))
-        for a, phases in by_row.items():
-            rows = phases[0][1]
-            lo, hi = max(cols[0] for _, _, cols in phases), min(cols[1] for _, _, cols in phases)
+        for a, bbs, rows, cols in self.copies(*x.shape[2:]):
+            with nest(k, [rows], names=["qr"]) as (r,):
+                self._copy_columns(k, x, n, c, a, bbs, k.i64(r), cols, dst)
 
-            def copy(r: ir.Value, q: ir.Value, which: list[int], a: int = a) -> None:
-                for bb in which:
-                    at, ih, iw = self._source(k, a, bb, r, q)
+    #: columns per vector step of a two-phase copy (one 32-byte load split into its even and odd bytes)
+    SPLIT = 16
+
+    def _copy_columns(self, k: KernelBuilder, x: Buffer, n: ir.Value, c: ir.Value, a: int, bbs: list[int],
+                      r: ir.Value, cols: tuple[int, int], dst: ir.Value) -> None:
+        """Plane row ``r`` of row phase ``a``, columns ``cols``, for the column phases ``bbs``,
+        from input channel ``(n, c)`` into the channel's planes at ``dst`` (``i8*``).  Two column
+        phases (stride 2) take :attr:`SPLIT` columns a step: one contiguous load of the input
+        row, its even and odd bytes stored to the two planes (LLVM leaves the strided byte loop
+        scalar); the last step ends at the last column, overlapping the one before (the same
+        bytes stored twice).  Fewer columns than a step go element by element."""
+        b = k.b
+        lo, hi = cols
+        v = self.SPLIT
+        if self.strides[1] == 2 and len(bbs) == 2 and hi - lo >= v:
+            ih = b.add(b.mul(r, k.i64(self.strides[0])), k.i64(a - self.pads[0]))
+            row = b.bitcast(x.addr([n, c, ih, 0]), I8.as_pointer())
+            with k.loop(0, -(-(hi - lo) // v), "qv") as t:
+                b = k.b
+                q0 = b.add(b.mul(k.i64(t), k.i64(v)), k.i64(lo))
+                q0 = b.select(b.icmp_signed(">", q0, k.i64(hi - v)), k.i64(hi - v), q0)
+                src = b.gep(row, [b.add(b.mul(q0, k.i64(2)), k.i64(-self.pads[1]))], inbounds=True)
+                both = b.load(b.bitcast(src, ir.VectorType(I8, 2 * v).as_pointer()), align=1)
+                for bb in (0, 1):
+                    part = b.shuffle_vector(both, ir.Constant(both.type, None),
+                                            ir.Constant(ir.VectorType(I32, v), [2 * i + bb for i in range(v)]))
+                    at, _, _ = self._source(k, a, bb, r, q0)
+                    b.store(part, b.bitcast(b.gep(dst, [at], inbounds=True), part.type.as_pointer()), align=1)
+            return
+        if hi > lo:
+            with nest(k, [(lo, hi)], names=["qq"]) as (q,):
+                for bb in bbs:
+                    at, ih, iw = self._source(k, a, bb, r, k.i64(q))
                     k.b.store(x.load([n, c, ih, iw]), k.b.gep(dst, [at], inbounds=True))
-
-            if hi > lo:  # all column phases in one loop: contiguous input, one store stream per plane
-                with nest(k, [rows, (lo, hi)], names=["qr", "qq"]) as (r, q):
-                    copy(k.i64(r), k.i64(q), [bb for bb, _, _ in phases])
-            for bb, _, (c0, c1) in phases:  # the few columns only some phases have
-                for span in ((c0, min(c1, lo)), (max(c0, hi), c1)) if hi > lo else ((c0, c1),):
-                    if span[1] > span[0]:
-                        with nest(k, [rows, span], names=["qr", "qe"]) as (r, q):
-                            copy(k.i64(r), k.i64(q), [bb])
 
 
 @dataclass(frozen=True)
