@@ -17,8 +17,10 @@ last dim), the max over the leading taps at every input column (contiguous, so i
 into a stack row padded with the identity, then the max of the last dim's taps read from that
 row with the stride.  A leading tap that falls in the padding is clamped to the nearest input
 row of its window, which is also a tap (dilation 1), so the max is unchanged: results equal
-the unrolled form's bit for bit (up to which of ``-0.0``/``+0.0`` a tie keeps).  AveragePool
-always takes the forms above.
+the unrolled form's bit for bit (up to which of ``-0.0``/``+0.0`` a tie keeps).  The CUDA
+build (whose kernels address buffer arguments only, no stack row) takes the unrolled form
+there, reading the input through :class:`GuardedSource` instead of a padded copy.
+AveragePool always takes the forms above.
 
 All nests run in parallel over ``(n, c)`` when the pool is large enough to pay for a parallel
 region (:func:`polyml.kernels.conv.copy_parallel`).
@@ -56,6 +58,7 @@ from polyml.kernels.reduce import vmax
 
 from polyml.codegen.builder import REASSOC, Buffer, KernelBuilder, constant, is_float, llvm_type
 from polyml.errors import GraphError, ShapeError
+from polyml.gpu.builder import GpuKernelBuilder
 from polyml.graph import Node, TensorType
 
 #: windows with at most this many taps are unrolled into one statement
@@ -212,6 +215,28 @@ def _max_rows(k: KernelBuilder, x: Buffer | ChainSource, y: Buffer, win: Window,
             latch.terminator.set_metadata("llvm.loop", _unroll_disabled(k.module, f"{k.fn.name}.{latch.name}"))
 
 
+class GuardedSource:
+    """The padded input without a copy: ``load`` at a padded position reads the input where the
+    position is inside it (at a clamped index, so no read leaves the buffer) and gives the
+    identity elsewhere, as the padded copy holds.  What the CUDA build reads where the host
+    takes :func:`_max_rows` (its kernels address buffer arguments only, no stack row)."""
+
+    def __init__(self, k: KernelBuilder, x: Buffer | ChainSource, win: Window, fill: ir.Constant):
+        self.k, self.x, self.win, self.fill = k, x, win, fill
+
+    def load(self, idx: list) -> ir.Value:
+        b, k = self.k.b, self.k
+        inside: ir.Value | None = None
+        pos = []
+        for i, pb, n in zip(idx[2:], self.win.pads_begin, self.win.size):
+            p = affine(k, [(1, i)], -pb)
+            ok = b.and_(b.icmp_signed(">=", p, k.i64(0)), b.icmp_signed("<", p, k.i64(n)))
+            inside = ok if inside is None else b.and_(inside, ok)
+            p = b.select(b.icmp_signed("<", p, k.i64(0)), k.i64(0), p)
+            pos.append(b.select(b.icmp_signed(">", p, k.i64(n - 1)), k.i64(n - 1), p))
+        return b.select(inside, self.x.load([*idx[:2], *pos]), self.fill)
+
+
 class ChainSource:
     """A pool's input computed by a fused elementwise prologue wherever it is read (duck-types
     the ``shape``/``rank``/``type``/``load`` part of :class:`Buffer` that windows use)."""
@@ -273,11 +298,14 @@ class _Pool(Kernel):
                 return k.maxf(acc, v) if is_float(dtype) else vmax(k, acc, v, dtype)
             return k.b.fadd(acc, v)
 
-        if self.is_max and separable_max(win):
-            _max_rows(k, x, y, win, identity, combine)
-            return
-        src, shift = padded_source(k, x, win, k.temps[0] if k.temps else None, identity)
         r = win.rank
+        if self.is_max and separable_max(win):  # no temp (see temps)
+            if not isinstance(k, GpuKernelBuilder):
+                _max_rows(k, x, y, win, identity, combine)
+                return
+            src, shift = GuardedSource(k, x, win, constant(dtype, identity)), [0] * r
+        else:
+            src, shift = padded_source(k, x, win, k.temps[0] if k.temps else None, identity)
         taps = math.prod(win.kernel)
         onames = [f"o{d}" for d in range(r)]
         par = copy_parallel(y.shape)

@@ -7,7 +7,7 @@ spatial dims, windows small enough to unroll and large enough to loop, and a few
 sizes onnxruntime does not implement (even sizes, non-4-D inputs) are checked against numpy.
 Errors are max|Δ| / max|ref| ≤ 1e-4; MaxPool on float32, int8 and uint8 data must equal
 onnxruntime's exactly, on both its lowerings (the row form of padded windows and the unrolled
-form), with one thread and with the parallel nests.
+form), with one thread and with the parallel nests, and on the CUDA build (the emulator).
 """
 
 from __future__ import annotations
@@ -111,6 +111,7 @@ MAX_EXACT = [
     ((1, 3, 9, 9), {"kernel_shape": [3, 3], "strides": [2, 2], "dilations": [2, 2], "pads": [1, 1, 1, 1]}, False),
     # dilated last dim (read from the padded row), dilated leading dim that stays inside
     ((1, 3, 9, 11), {"kernel_shape": [2, 3], "strides": [1, 2], "dilations": [3, 2], "pads": [0, 2, 0, 2]}, True),
+    ((1, 3, 9, 11), {"kernel_shape": [2, 3], "strides": [1, 2], "dilations": [1, 2], "pads": [0, 1, 1, 1]}, True),
     ((2, 3, 13), {"kernel_shape": [3], "strides": [2], "pads": [1, 1]}, True),
     ((2, 3, 13), {"kernel_shape": [3], "strides": [2]}, False),
     ((1, 2, 5, 7, 9), {"kernel_shape": [3, 3, 3], "strides": [2, 2, 2], "pads": [1, 1, 1, 1, 1, 1]}, True),
@@ -151,12 +152,22 @@ def test_maxpool_exact(xs, attrs, row, dtype, tmp_path) -> None:
 
 
 @pytest.mark.parametrize("dtype", DTYPES_8)
-@pytest.mark.parametrize("idx", [0, 2, 15], ids=lambda i: _id(*MAX_EXACT[i][:2]))
+@pytest.mark.parametrize("idx", [0, 2, 16], ids=lambda i: _id(*MAX_EXACT[i][:2]))
 def test_maxpool_exact_one_thread(idx, dtype, tmp_path) -> None:
     """The same nests without the parallel regions."""
     xs, attrs, _ = MAX_EXACT[idx]
     feeds = typed_feed(xs, dtype, seed=1)
     check_exact(node_model("MaxPool", feeds, **attrs), feeds, tmp_path, threads=1)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "uint8"])
+@pytest.mark.parametrize("idx", [1, 8, 12, 13, 14, 16], ids=lambda i: _id(*MAX_EXACT[i][:2]))
+def test_maxpool_exact_cuda_emulated(idx, dtype, tmp_path) -> None:
+    """Row-form cases on the CUDA build (the emulator), which reads the unpadded input instead."""
+    xs, attrs, row = MAX_EXACT[idx]
+    assert row
+    feeds = typed_feed(xs, dtype, seed=2)
+    check_exact(node_model("MaxPool", feeds, opset=_opset(attrs), **attrs), feeds, tmp_path, target="cuda-emulated")
 
 
 @pytest.mark.parametrize("op,opset,attrs", [
