@@ -81,11 +81,14 @@ def openvino_runner(path: Path, threads: int, feeds: dict[str, np.ndarray]) -> C
     core = ov.Core()
     model = core.read_model(str(path))
     names = {p.get_any_name(): p for p in model.inputs}
+    # a GraphDef's ports may be named "input:0" where the feeds say "input", and the other way round
+    names.update({n.split(":")[0]: p for n, p in list(names.items()) if n.split(":")[0] not in names})
     missing = [n for n in feeds if n not in names and n.split(":")[0] not in names]
     if missing:
         raise PolymlError(f"--compare openvino: OpenVINO's model has no input(s) {missing} (it has {sorted(names)})")
-    by_port = {(n if n in names else n.split(":")[0]): v for n, v in feeds.items()}
-    model.reshape({names[n]: ov.PartialShape(list(v.shape)) for n, v in by_port.items()})
+    ports = {names[n if n in names else n.split(":")[0]]: v for n, v in feeds.items()}
+    model.reshape({p: ov.PartialShape(list(v.shape)) for p, v in ports.items()})
+    by_port = {p.get_any_name(): v for p, v in ports.items()}
     config = {"PERFORMANCE_HINT": "LATENCY", "INFERENCE_PRECISION_HINT": "f32"}
     if threads:
         config["INFERENCE_NUM_THREADS"] = threads
