@@ -170,6 +170,30 @@ def test_maxpool_exact_cuda_emulated(idx, dtype, tmp_path) -> None:
     check_exact(node_model("MaxPool", feeds, opset=_opset(attrs), **attrs), feeds, tmp_path, target="cuda-emulated")
 
 
+@pytest.mark.parametrize("threads", [1, 0])
+def test_maxpool_row_form_prologue(threads, tmp_path) -> None:
+    """Relu(x*a + b) evaluated by the row form where it reads (a fused pool prologue), in
+    parallel with the default threads."""
+    from onnx import helper, numpy_helper
+
+    rng = np.random.default_rng(3)
+    xs = (1, 16, 56, 56)
+    inits = [numpy_helper.from_array(rng.random((1, 16, 1, 1)).astype(np.float32) + 0.5, "a"),
+             numpy_helper.from_array(rng.standard_normal((1, 16, 1, 1)).astype(np.float32), "b")]
+    nodes = [helper.make_node("Mul", ["x", "a"], ["m"]), helper.make_node("Add", ["m", "b"], ["ad"]),
+             helper.make_node("Relu", ["ad"], ["r"]),
+             helper.make_node("MaxPool", ["r"], ["y"], kernel_shape=[3, 3], strides=[2, 2], pads=[1, 1, 1, 1])]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, list(xs))],
+                              [helper.make_empty_tensor_value_info("y")], initializer=inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    onnx.save(model, str(tmp_path / "m.onnx"))
+    feeds = x_feed(xs)
+    compiled = polyml_compile(tmp_path / "m.onnx", tmp_path / "build", threads=threads, cache=False)
+    groups = compiled.manifest["fusion"]["groups"]
+    assert any(g["kind"] == "pool-prologue" and g["ops"] == ["m", "ad", "r", "y"] for g in groups), groups
+    assert rel_error(compiled.run(feeds)["y"], onnxruntime_run(model, feeds)["y"]) <= TOL
+
+
 @pytest.mark.parametrize("op,opset,attrs", [
     ("MaxPool", 8, {"kernel_shape": [3, 3], "pads": [1, 1, 1, 1], "strides": [2, 2]}),
     ("MaxPool", 10, {"kernel_shape": [3, 3], "strides": [2, 2], "ceil_mode": 1}),
