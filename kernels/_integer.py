@@ -29,7 +29,7 @@ from polyml.kernels import Kernel, Operand
 
 from polyml.codegen import igemm
 from polyml.codegen.builder import F32, I32, I64, Buffer, KernelBuilder
-from polyml.codegen.quant import qrange, quantize_value, to_i32
+from polyml.codegen.quant import like, qrange, quantize_value, splat, to_i32
 from polyml.graph import Node
 
 QTYPES = frozenset({"int8", "uint8"})
@@ -298,10 +298,12 @@ def emit_cx(k: KernelBuilder, cx: Buffer, columns: int, kk: int, x_at: Callable[
 def store_output(b: ir.IRBuilder, acc: ir.Value, out_ptr: ir.Value, multiplier: ir.Value | None,
                  requant: Requant | None) -> None:
     """Store a corrected accumulator at ``out_ptr`` (an ``i8*`` or typed pointer): int32 as
-    is, or requantized with its row's ``multiplier`` (float32)."""
+    is, or requantized with its row's ``multiplier`` (float32).  ``acc`` may be a vector of
+    consecutive outputs (one multiplier for all)."""
     if requant is None:
-        b.store(acc, b.bitcast(out_ptr, I32.as_pointer()))
+        b.store(acc, b.bitcast(out_ptr, acc.type.as_pointer()), align=4)
         return
-    q = quantize_value(b, b.fmul(b.sitofp(acc, F32), multiplier), ir.Constant(F32, float(requant.zero_point)),
+    fty = ir.VectorType(F32, acc.type.count) if isinstance(acc.type, ir.VectorType) else F32
+    q = quantize_value(b, b.fmul(b.sitofp(acc, fty), splat(b, multiplier, fty)), like(fty, float(requant.zero_point)),
                        requant.dtype, requant.lo, requant.hi)
-    b.store(q, b.bitcast(out_ptr, ir.IntType(8).as_pointer()))
+    b.store(q, b.bitcast(out_ptr, q.type.as_pointer()), align=1)

@@ -53,7 +53,7 @@ from polyml.kernels.conv import Window, conv_window, copy_parallel, nest, window
 from polyml.codegen import gemm as packed
 from polyml.codegen import igemm
 from polyml.codegen.builder import F32, I32, Buffer, KernelBuilder, pointer_type
-from polyml.codegen.quant import like, quantize_value, to_i32
+from polyml.codegen.quant import like, quantize_value, splat, to_i32
 from polyml.driver.toolchain import host_target
 from polyml.errors import ShapeError
 from polyml.graph import Node, TensorType
@@ -249,12 +249,6 @@ class _DirectParams:
 
 #: x86's multiply-add of int16 lane pairs into int32 lanes, by int32 lanes per vector
 _PMADDWD = {16: "llvm.x86.avx512.pmaddw.d.512", 8: "llvm.x86.avx2.pmadd.wd", 4: "llvm.x86.sse2.pmadd.wd"}
-
-
-def _splat(b: ir.IRBuilder, v: ir.Value, ty: ir.VectorType) -> ir.Value:
-    """A scalar broadcast to every lane of ``ty``."""
-    one = b.insert_element(ir.Constant(ty, None), v, ir.Constant(I32, 0))
-    return b.shuffle_vector(one, ir.Constant(ty, None), ir.Constant(ir.VectorType(I32, ty.count), [0] * ty.count))
 
 
 def _memcpy(b: ir.IRBuilder, dst: ir.Value, src: ir.Value, nbytes: int) -> None:
@@ -483,7 +477,8 @@ class _IntegerConv(IntegerKernel):
         pack_x = igemm.rows_packer(row_ptr, kk, ncols, blk, x_signed)
 
         def epilogue(b: ir.IRBuilder, ops, i: ir.Value, j: ir.Value, acc: ir.Value) -> None:  # noqa: ANN001
-            v = b.add(acc, b.load(b.gep(b.bitcast(ops[3], I32.as_pointer()), [i])))
+            """One accumulator, or a tile row's (``acc`` a vector of the columns from ``j``)."""
+            v = b.add(acc, splat(b, b.load(b.gep(b.bitcast(ops[3], I32.as_pointer()), [i])), acc.type))
             m = None
             if mult_at is not None:
                 m = b.load(b.gep(b.bitcast(ops[mult_at], ir.FloatType().as_pointer()), [i]))
@@ -491,7 +486,7 @@ class _IntegerConv(IntegerKernel):
             store_output(b, v, dst, m, rq)
 
         spec = igemm.IGemmSpec(mg, ncols, kk, None, None, len(operands), ins[self.W].type.dtype == "int8", x_signed,
-                               epilogue, pack_x=pack_x, prepacked_w=True)
+                               epilogue, pack_x=pack_x, prepacked_w=True, vector_epilogue=True)
         igemm.emit(k, spec, operands, c_temp if igemm.needs_c(kk) else None, scratch, batch=(n_, group), strides=strides)
         if cropped:  # y[n][m][oh][ow] = y_flat[n][m][oh·Wq + ow]: row copies
             src = _view(k, y_flat, (n_ * m_all, ncols))
@@ -688,7 +683,7 @@ class _IntegerConv(IntegerKernel):
             wvecs = []
             for i in range(len(groups)):
                 pw = Tables.load(b, group_t, b.add(b.mul(m_i, k.i64(len(groups))), k.i64(i)))
-                wvecs.append(_splat(b, pw, vec) if span == 4 else b.bitcast(_splat(b, pw, vec), part))
+                wvecs.append(splat(b, pw, vec) if span == 4 else b.bitcast(splat(b, pw, vec), part))
             if rq is not None:  # per channel: the correction -x_zp·Σw (+ bias) and the multiplier
                 zxv = ir.Constant(I32, p.zx.at(0)) if p.zx_buf is None else to_i32(b, p.zx_buf.load([0]), x_dtype)
                 corr = b.sub(ir.Constant(I32, 0), b.mul(zxv, b.load(wsum)))
@@ -696,7 +691,7 @@ class _IntegerConv(IntegerKernel):
                     corr = b.add(corr, Tables.load(b, p.bias_t, m_i))
                 outv = ir.VectorType(I32, per_block)
                 fv = ir.VectorType(F32, per_block)
-                corr_v, mult_v = _splat(b, corr, outv), _splat(b, Tables.load(b, p.mult, m_i), fv)
+                corr_v, mult_v = splat(b, corr, outv), splat(b, Tables.load(b, p.mult, m_i), fv)
             base = b.bitcast(planes, I8.as_pointer())
             zx = ir.Constant(I8, p.zx.at(0) & 0xFF) if p.zx_buf is None else p.zx_buf.load([0])
             flat.fill_channel(k, x, k.i64(n), m_i, base, zx, slack)

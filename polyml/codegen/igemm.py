@@ -218,6 +218,9 @@ class IGemmSpec:
     #: the epilogue walks a tile column by column (rows innermost): for outputs stored
     #: transposed (a MatMul's ``Cᵀ``), whose rows are then contiguous
     epilogue_cols_outer: bool = False
+    #: the epilogue also takes a whole tile row at once (``acc`` a vector of ``nr`` columns
+    #: from ``j``): full-width tiles then run it on vectors (one store per row of the tile)
+    vector_epilogue: bool = False
     make_builder: Callable[[ir.Function], ir.IRBuilder] | None = None
 
     def __post_init__(self) -> None:
@@ -583,7 +586,7 @@ def block_function(module: ir.Module, name: str, spec: IGemmSpec, blk: IBlocking
                         j0 = b.add(jc, jr)
                         if single:  # the whole reduction in one call: through the stack tile
                             b.call(ukernel, [kq, wp, xp, tile, _c(nr), ir.Constant(ir.IntType(1), 0)])
-                            _tile_epilogue(b, spec, ops, i0, j0, rows, cols,
+                            _tile_epilogue(b, spec, ops, i0, j0, rows, cols, nr,
                                            lambda r, cc: b.gep(tile, [b.add(b.mul(r, _c(nr)), cc)], inbounds=True))
                         else:
                             _accumulate_tile(b, ukernel, kq, wp, xp, tile, c_addr, i0, j0, rows, cols, first, last, ldc,
@@ -593,14 +596,29 @@ def block_function(module: ir.Module, name: str, spec: IGemmSpec, blk: IBlocking
 
 
 def _tile_epilogue(b: ir.IRBuilder, spec: IGemmSpec, ops: Sequence[ir.Value], i0: ir.Value, j0: ir.Value,
-                   rows: ir.Value, cols: ir.Value, acc_at: Callable[[ir.Value, ir.Value], ir.Value]) -> None:
+                   rows: ir.Value, cols: ir.Value, nr: int, acc_at: Callable[[ir.Value, ir.Value], ir.Value]) -> None:
     """The epilogue over a tile's ``rows × cols`` accumulators (columns innermost, or rows
-    with ``epilogue_cols_outer``); ``acc_at(r, c)`` addresses one."""
-    outer, inner = (cols, rows) if spec.epilogue_cols_outer else (rows, cols)
-    with for_range(b, 0, outer, name="epi.o") as o:
-        with for_range(b, 0, inner, name="epi.i") as n_:
-            r, cc = (n_, o) if spec.epilogue_cols_outer else (o, n_)
-            spec.epilogue(b, ops, b.add(i0, r), b.add(j0, cc), b.load(acc_at(r, cc)))
+    with ``epilogue_cols_outer``); ``acc_at(r, c)`` addresses one.  With ``vector_epilogue``
+    a full-width tile goes row by row as ``nr``-lane vectors (the element loop vectorized by
+    LLVM stored each 16 outputs with a ``vpmovdb`` to memory, which bound the epilogue)."""
+    def elements() -> None:
+        outer, inner = (cols, rows) if spec.epilogue_cols_outer else (rows, cols)
+        with for_range(b, 0, outer, name="epi.o") as o:
+            with for_range(b, 0, inner, name="epi.i") as n_:
+                r, cc = (n_, o) if spec.epilogue_cols_outer else (o, n_)
+                spec.epilogue(b, ops, b.add(i0, r), b.add(j0, cc), b.load(acc_at(r, cc)))
+
+    if not spec.vector_epilogue or spec.epilogue_cols_outer:
+        elements()
+        return
+    row_t = ir.VectorType(I32, nr)
+    with b.if_else(b.icmp_signed("==", cols, _c(nr))) as (full, ragged):
+        with full:
+            with for_range(b, 0, rows, name="epi.r") as r:
+                acc = b.load(b.bitcast(acc_at(r, _c(0)), row_t.as_pointer()), align=4)
+                spec.epilogue(b, ops, b.add(i0, r), j0, acc)
+        with ragged:
+            elements()
 
 
 def _accumulate_tile(b: ir.IRBuilder, ukernel: ir.Function, kq: ir.Value, wp: ir.Value, xp: ir.Value, tile: ir.Value,
@@ -623,7 +641,7 @@ def _accumulate_tile(b: ir.IRBuilder, ukernel: ir.Function, kq: ir.Value, wp: ir
                     old = b.select(first, ir.Constant(I32, 0), b.load(dst))
                     b.store(b.add(old, t), dst)
     with b.if_then(last):
-        _tile_epilogue(b, spec, ops, i0, j0, rows, cols, lambda r, cc: c_addr(b.add(i0, r), b.add(j0, cc)))
+        _tile_epilogue(b, spec, ops, i0, j0, rows, cols, nr, lambda r, cc: c_addr(b.add(i0, r), b.add(j0, cc)))
 
 
 # -- emission from an op function -----------------------------------------------------------

@@ -30,6 +30,14 @@ def like(ty: ir.Type, value: float | int) -> ir.Constant:
     return ir.Constant(ty, value)
 
 
+def splat(b: ir.IRBuilder, v: ir.Value, ty: ir.Type) -> ir.Value:
+    """A scalar broadcast to every lane of the vector type ``ty`` (itself if ``ty`` is scalar)."""
+    if not isinstance(ty, ir.VectorType):
+        return v
+    one = b.insert_element(ir.Constant(ir.VectorType(v.type, ty.count), None), v, ir.Constant(ir.IntType(32), 0))
+    return b.shuffle_vector(one, ir.Constant(one.type, None), ir.Constant(ir.VectorType(ir.IntType(32), ty.count), [0] * ty.count))
+
+
 def _call(b: ir.IRBuilder, name: str, *args: ir.Value) -> ir.Value:
     """The float32 intrinsic ``name`` on scalars or vectors (``llvm.rint.f32``, ``.v16f32``)."""
     module = b.block.function.module
