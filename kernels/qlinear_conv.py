@@ -488,11 +488,14 @@ class _IntegerConv(IntegerKernel):
         spec = igemm.IGemmSpec(mg, ncols, kk, None, None, len(operands), ins[self.W].type.dtype == "int8", x_signed,
                                epilogue, pack_x=pack_x, prepacked_w=True, vector_epilogue=True)
         igemm.emit(k, spec, operands, c_temp if igemm.needs_c(kk) else None, scratch, batch=(n_, group), strides=strides)
-        if cropped:  # y[n][m][oh][ow] = y_flat[n][m][oh·Wq + ow]: row copies
+        if cropped:  # y[n][m][oh][ow] = y_flat[n][m][oh·Wq + ow]: one fixed-size memcpy per row
             src = _view(k, y_flat, (n_ * m_all, ncols))
             dst = _view(k, y, (n_ * m_all, *win.out))
-            with nest(k, [n_ * m_all, *win.out], names=["yc", "yh", "yw"], parallel=1) as (c, oh, ow):
-                dst.store([c, oh, ow], src.load([c, k.b.add(k.b.mul(k.i64(oh), k.i64(flat.pitch)), k.i64(ow))]))
+            with nest(k, [n_ * m_all, win.out[0]], names=["yc", "yh"], parallel=1) as (c, oh):
+                b = k.b
+                _memcpy(b, b.bitcast(dst.addr([c, oh, 0]), I8.as_pointer()),
+                        b.bitcast(src.addr([c, b.mul(k.i64(oh), k.i64(flat.pitch))]), I8.as_pointer()),
+                        win.out[1] * out_bytes)
 
     def _params(self, k: KernelBuilder, ins: list[Operand | None], m_all: int, x_dtype: str,
                 w_dtype: str) -> _DirectParams:
