@@ -240,6 +240,18 @@ def _function(module: ir.Module, name: str, args: Sequence[ir.Type], attrs: Sequ
     return fn
 
 
+def add_edge_tile(b: ir.IRBuilder, tile: ir.Value, nr: int, c_addr: Callable[[ir.Value, ir.Value], ir.Value],
+                  i0: ir.Value, j0: ir.Value, rows: ir.Value, cols: ir.Value, first: ir.Value, zero: ir.Constant,
+                  add: Callable[[ir.Value, ir.Value], ir.Value]) -> None:
+    """An edge tile's ``rows × cols`` results (stack tile, row pitch ``nr``) added (``add``)
+    into C at ``(i0, j0)``, to ``zero`` on the first reduction block."""
+    with for_range(b, 0, rows, name="edge.r") as r:
+        with for_range(b, 0, cols, name="edge.c") as cc:
+            t = b.load(b.gep(tile, [b.add(b.mul(r, _c(nr)), cc)], inbounds=True))
+            dst = c_addr(b.add(i0, r), b.add(j0, cc))
+            b.store(add(b.select(first, zero, b.load(dst)), t), dst)
+
+
 def tile_loop(b: ir.IRBuilder, zero: ir.Constant, mr: int, vectors: int, trip: ir.Value, iv_name: str,
               step: Callable[[ir.Value, list[list[ir.Value]]], list[list[ir.Value]]], c: ir.Value, ldc: ir.Value,
               accumulate: ir.Value, add: Callable[[ir.Value, ir.Value], ir.Value]) -> None:
@@ -430,12 +442,7 @@ def block_function(module: ir.Module, name: str, spec: GemmSpec, blk: Blocking, 
                                 _tile_epilogue(b, spec, ops, last, i0, j0, _c(mr), _c(nr), c_addr)
                             with otherwise:
                                 b.call(kernel, [kc, ap, bp, tile, _c(nr), ir.Constant(ir.IntType(1), 0)])
-                                with for_range(b, 0, rows, name="edge.r") as r:
-                                    with for_range(b, 0, cols, name="edge.c") as cc:
-                                        t = b.load(b.gep(tile, [b.add(b.mul(r, _c(nr)), cc)], inbounds=True))
-                                        dst = c_addr(b.add(i0, r), b.add(j0, cc))
-                                        old = b.select(first, ir.Constant(F32, 0.0), b.load(dst))
-                                        b.store(b.fadd(old, t), dst)
+                                add_edge_tile(b, tile, nr, c_addr, i0, j0, rows, cols, first, ir.Constant(F32, 0.0), b.fadd)
                                 _tile_epilogue(b, spec, ops, last, i0, j0, rows, cols, c_addr)
     b.ret_void()
     return fn

@@ -48,7 +48,7 @@ import llvmlite.ir as ir
 import numpy as np
 
 from polyml.codegen.builder import I32, I64, Buffer, KernelBuilder
-from polyml.codegen.gemm import _c, _function, _min, _round_up, for_range, tile_loop
+from polyml.codegen.gemm import _c, _function, _min, _round_up, add_edge_tile, for_range, tile_loop
 from polyml.codegen.gemm import matrix_loader as matrix_loader  # the same row-major loader, 8-bit elements here
 from polyml.errors import PolymlError
 
@@ -634,12 +634,7 @@ def _accumulate_tile(b: ir.IRBuilder, ukernel: ir.Function, kq: ir.Value, wp: ir
             b.call(ukernel, [kq, wp, xp, c_addr(i0, j0), ldc, b.not_(first)])
         with otherwise:
             b.call(ukernel, [kq, wp, xp, tile, _c(nr), ir.Constant(ir.IntType(1), 0)])
-            with for_range(b, 0, rows, name="edge.r") as r:
-                with for_range(b, 0, cols, name="edge.c") as cc:
-                    t = b.load(b.gep(tile, [b.add(b.mul(r, _c(nr)), cc)], inbounds=True))
-                    dst = c_addr(b.add(i0, r), b.add(j0, cc))
-                    old = b.select(first, ir.Constant(I32, 0), b.load(dst))
-                    b.store(b.add(old, t), dst)
+            add_edge_tile(b, tile, nr, c_addr, i0, j0, rows, cols, first, ir.Constant(I32, 0), b.add)
     with b.if_then(last):
         _tile_epilogue(b, spec, ops, i0, j0, rows, cols, nr, lambda r, cc: c_addr(b.add(i0, r), b.add(j0, cc)))
 
