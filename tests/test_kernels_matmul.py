@@ -286,10 +286,12 @@ def test_host_blocking_by_vector_isa(features: str, expect: tuple[int, int, int]
     assert blk.kc * blk.nr * 4 <= 48 << 10  # one B micro-panel fits L1
 
 
-@pytest.mark.parametrize("blocking", ["mr=6,nr=16,width=8", "mr=4,nr=8,width=4,fma=0"], ids=["avx2-like", "sse-like"])
+@pytest.mark.parametrize("blocking", ["mr=6,nr=16,width=8", "mr=4,nr=8,width=4,fma=0", "mr=6,nr=16,width=8,kc=16"],
+                         ids=["avx2-like", "sse-like", "several-k-blocks"])
 def test_packed_gemm_other_vector_widths(blocking: str, monkeypatch) -> None:
     """The AVX2 (6x16 of 8-lane vectors) and SSE (4x8, no FMA) micro-kernels, forced through
-    POLYML_GEMM_BLOCKING on this host, give the same products (GEMM and a conv as GEMM)."""
+    POLYML_GEMM_BLOCKING on this host, give the same products (GEMM and a conv as GEMM); with
+    ``kc=16`` every product takes several reduction blocks (edge tiles added into C)."""
     monkeypatch.setenv("POLYML_GEMM_BLOCKING", blocking)
     for op, inputs, attrs in (PACKED_CASES[0], PACKED_CASES[6]):
         check(node_model(op, inputs, **attrs), feeds_for(inputs), threads=2, cache=False)
