@@ -323,6 +323,21 @@ def test_conv_integer_depthwise() -> None:
     _exact(got, ReferenceEvaluator(model).run(None, feeds)[0])
 
 
+@pytest.mark.parametrize("variant,xdt,intrinsic", [
+    pytest.param("vnni", np.uint8, "llvm.x86.avx512.vpdpbusd.512",
+                 marks=pytest.mark.skipif(not _host_has_vnni(), reason="no AVX-512 VNNI")),
+    ("madd", np.uint8, "llvm.x86.avx512.pmaddw.d.512"), ("madd8", np.int8, "llvm.x86.avx2.pmadd.wd")])
+def test_depthwise_multiply_adds_in_the_ir(variant: str, xdt: type, intrinsic: str, tmp_path: Path, monkeypatch) -> None:
+    """The grouped-tap kernel's multiply-add is the intrinsic of its span and width."""
+    monkeypatch.setenv("POLYML_IGEMM", variant)
+    model, _ = _qconv(np.random.default_rng(14), (1, 16, 12, 12), (16, 1, 3, 3), xdt=xdt, group=16, pads=[1, 1, 1, 1])
+    onnx.save(model, str(tmp_path / "m.onnx"))
+    polyml_compile(tmp_path / "m.onnx", tmp_path / "b", cache=False, emit=["ll"])
+    text = "".join(p.read_text() for p in (tmp_path / "b").glob("ops.*.ll") if ".opt." not in p.name)
+    lanes = 16 if "512" in intrinsic else 8
+    assert f'call <{lanes} x i32> @"{intrinsic}"(' in text, [line for line in text.splitlines() if "llvm.x86" in line][:3]
+
+
 def test_tap_groups() -> None:
     """Taps within ``span`` consecutive elements share one multiply-add; positions are offsets
     from the group's first tap."""
