@@ -126,6 +126,8 @@ class CompiledModel:
                     self._dynamic_views.append((i, s["parent"], s["offset"]))
                 else:
                     self._table[i] = self._table[s["parent"]] + s["offset"]
+        # the slots each run points at its own arrays (a few among hundreds of weights/temps)
+        self._io_slots = [(i, s["kind"], s["name"]) for i, s in enumerate(self._slots) if s["kind"] in ("input", "output")]
         self._lock = threading.Lock()
         set_num_threads(int(m["options"].get("threads", 0)))
 
@@ -157,11 +159,8 @@ class CompiledModel:
 
     def _bind(self, ready: dict[str, np.ndarray], outs: dict[str, np.ndarray]) -> None:
         """Point the table's input, output and dynamic view slots at this run's arrays."""
-        for i, s in enumerate(self._slots):
-            if s["kind"] == "input":
-                self._table[i] = ready[s["name"]].ctypes.data
-            elif s["kind"] == "output":
-                self._table[i] = outs[s["name"]].ctypes.data
+        for i, kind, name in self._io_slots:
+            self._table[i] = (ready if kind == "input" else outs)[name].ctypes.data
         for i, parent, offset in self._dynamic_views:
             self._table[i] = self._table[parent] + offset
 
