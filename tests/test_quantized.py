@@ -132,6 +132,18 @@ def test_qlinear_binary(op: str, dtype: str, b_shape: tuple[int, ...]) -> None:
     assert_same(*run_both(m, {"a": qdata(a_shape, dtype, 6), "b": qdata(b_shape, dtype, 7)}))
 
 
+@pytest.mark.parametrize("op", ["QLinearAdd", "QLinearMul"])
+def test_qlinear_binary_runtime_scales(op: str) -> None:
+    """Scales and zero points given at run time (graph inputs, not initializers): loaded in the
+    kernel instead of folded as constants."""
+    node = helper.make_node(op, ["a", "s0", "z0", "b", "s1", "z1", "s2", "z2"], ["c"], domain=MS)
+    params = _params("uint8", 5, 3)
+    inputs = {"a": ("uint8", (2, 3, 5, 7)), "b": ("uint8", (3, 1, 1)),
+              **{k: ("float32" if k.startswith("s") else "uint8", ()) for k in params}}
+    m = make([node], inputs, ["c"])
+    assert_same(*run_both(m, {"a": qdata((2, 3, 5, 7), "uint8", 6), "b": qdata((3, 1, 1), "uint8", 7), **params}))
+
+
 @pytest.mark.parametrize("dtype", ["uint8", "int8"])
 @pytest.mark.parametrize("channels_last", [0, 1])
 def test_qlinear_global_average_pool(dtype: str, channels_last: int) -> None:
