@@ -11,7 +11,7 @@ exported with ``--torch-python`` if missing), and the Keras MobileNetV2 frozen `
 (``scripts/freeze_keras.py mobilenet_v2 --size 224 -o build/tf``; onnxruntime runs the tf2onnx
 conversion next to it, ``build/tf/mobilenet_v2_224.onnx``, if present, OpenVINO the ``.pb``)::
 
-    GOMP_SPINCOUNT=1000 .venv/bin/python scripts/bench_issue14.py table --threads 1,2 --repeat 20 \\
+    .venv/bin/python scripts/bench_issue14.py table --threads 1,2 --repeat 20 \\
         --work build/issue14 --torch-python /work/torchenv/bin/python --keras build/tf/mobilenet_v2_224.pb \\
         [--models squeezenet,efficientnet_b0] [--peers onnxruntime,openvino] [--json out.json]
 
@@ -20,7 +20,7 @@ with the new kernel paths (``conv=auto``) and with the old nests (``conv=direct`
 onnxruntime, interleaved in one process; and the SiLU rewrite (:mod:`polyml.passes.silu`) on and
 off after the convolutions that carry it in EfficientNet-B0::
 
-    GOMP_SPINCOUNT=1000 .venv/bin/python scripts/bench_issue14.py layers --threads 2 --repeat 30 [--winograd]
+    .venv/bin/python scripts/bench_issue14.py layers --threads 2 --repeat 30 [--winograd]
     .venv/bin/python scripts/bench_issue14.py layers --threads 1 --clock cpu   # robust on a loaded host
 """
 

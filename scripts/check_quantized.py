@@ -5,7 +5,7 @@ For each ``NAME_int8.onnx`` made by ``scripts/make_quantized.py`` (in ``--models
 relative error ``max|Δ| / max|ref|`` against onnxruntime's int8 result (``NAME_int8.ref.npz``)
 and, for scale, onnxruntime's int8-vs-fp32 difference; then the ops the build left in float.
 
-    GOMP_SPINCOUNT=1000 .venv/bin/python scripts/check_quantized.py [--threads 2] [resnet18 ...]
+    .venv/bin/python scripts/check_quantized.py [--threads 2] [resnet18 ...]
 """
 
 from __future__ import annotations
