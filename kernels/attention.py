@@ -175,7 +175,7 @@ class Attention(Kernel):
 
 def _row_max(k: KernelBuilder, at, n: int) -> ir.Value:  # noqa: ANN001 - element address callback
     """max over one row, through a stack slot (mem2reg makes it the loop's phi)."""
-    slot = _slot(k, "rowmax")
+    slot = k.entry_alloca(F32, "rowmax")
     k.b.store(k.b.load(at(k.i64(0))), slot)
     with k.loop(1, n, "max") as j:
         x, m = k.b.load(at(j)), k.b.load(slot)
@@ -185,19 +185,11 @@ def _row_max(k: KernelBuilder, at, n: int) -> ir.Value:  # noqa: ANN001 - elemen
 
 def _row_exp_sum(k: KernelBuilder, at, n: int, hi: ir.Value) -> ir.Value:  # noqa: ANN001
     """``x[j] = exp(x[j] - hi)`` in place, returning Σ x[j] (reassociated: vectorizes)."""
-    slot = _slot(k, "rowsum")
+    slot = k.entry_alloca(F32, "rowsum")
     k.b.store(k.f32(0.0), slot)
     with k.loop(0, n, "exp") as j:
         e = k.exp(k.b.fsub(k.b.load(at(j)), hi))
         k.b.store(e, at(j))
         k.b.store(k.b.fadd(k.b.load(slot), e, flags=REASSOC), slot)
     return k.b.load(slot)
-
-
-def _slot(k: KernelBuilder, name: str) -> ir.Value:
-    """An ``alloca`` in the current function's entry block (promoted to a register by mem2reg)."""
-    entry = k.b.function.entry_basic_block
-    b = ir.IRBuilder(entry)
-    b.position_at_start(entry)
-    return b.alloca(F32, name=name)
 

@@ -53,7 +53,6 @@ import numpy as np
 from polyml.kernels import Kernel, Operand, register
 from polyml.kernels.conv import Window, affine, copy_parallel, make_window, nest, padded_source, view
 from polyml.kernels.fused import evaluate_chain
-from polyml.kernels.qlinear_conv import _entry_alloca
 from polyml.kernels.reduce import vmax
 
 from polyml.codegen.builder import REASSOC, Buffer, KernelBuilder, constant, is_float, llvm_type
@@ -189,7 +188,7 @@ def _max_rows(k: KernelBuilder, x: Buffer | ChainSource, y: Buffer, win: Window,
     fill = constant(dtype, identity)
     with nest(k, [*y.shape[:-1]], names=["n", "c", *[f"o{d}" for d in range(lead)]],
               parallel=copy_parallel(x.shape)) as ix:
-        row = _entry_alloca(k, ir.ArrayType(llvm_type(dtype), width), "pool.row")
+        row = k.entry_alloca(ir.ArrayType(llvm_type(dtype), width), "pool.row")
 
         def at(p: ir.Value | int) -> ir.Value:
             return k.b.gep(row, [k.i64(0), k.i64(p)], inbounds=True)

@@ -66,18 +66,6 @@ GEMM_MIN_REDUCTION = 8
 GEMM_MIN_MACS = 1 << 15
 
 
-def _entry_alloca(k: KernelBuilder, ty: ir.Type, name: str) -> ir.Value:
-    """A stack slot in the current function's entry block (outside every loop).  In the entry
-    block itself it is allocated where the builder is: llvmlite builders keep an index into
-    their block, so a second builder inserting at its start would shift ``k.b``'s position."""
-    block = k.fn.entry_basic_block
-    if k.b.block is block:
-        return k.b.alloca(ty, name=name)
-    entry = ir.IRBuilder(block)
-    entry.position_at_start(block)
-    return entry.alloca(ty, name=name)
-
-
 def _view(k: KernelBuilder, buf: Buffer, shape: tuple[int, ...]) -> Buffer:
     tt = TensorType(tuple(int(d) for d in shape), buf.type.dtype)
     assert tt.size == buf.type.size, (shape, buf.shape)
@@ -541,9 +529,9 @@ class _IntegerConv(IntegerKernel):
         kh_n, kw_n = win.kernel
         out_t = ir.IntType(8) if rq is not None else I32
         with nest(k, [n_, m_all], names=["n", "m"], parallel=2) as (n, m):
-            yrow = _entry_alloca(k, ir.ArrayType(out_t, ncols), "y.flat")
-            acc = _entry_alloca(k, ir.ArrayType(I32, ncols), "acc.flat") if cg > 1 else None
-            wsum = _entry_alloca(k, I32, "wsum")
+            yrow = k.entry_alloca(ir.ArrayType(out_t, ncols), "y.flat")
+            acc = k.entry_alloca(ir.ArrayType(I32, ncols), "acc.flat") if cg > 1 else None
+            wsum = k.entry_alloca(I32, "wsum")
             b = k.b
             m_i = k.i64(m)
             g = b.udiv(m_i, k.i64(mg))
@@ -619,7 +607,8 @@ class _IntegerConv(IntegerKernel):
         else 2 (int16 pairs)."""
         w = np.asarray(ins[self.W].value).astype(np.int64)
         wv = w.reshape(w.shape[0], -1) - zero_point(ins, self.ZW, ins[self.W].type.dtype).array(w.shape[0])[:, None]
-        vnni = igemm.blocking_for_host().variant == "vnni" and igemm.blocking_for_host().width == 16
+        blk = igemm.blocking_for_host()
+        vnni = blk.variant == "vnni" and blk.width == 16
         fits = bool(wv.size == 0 or (wv.min() >= -128 and wv.max() <= 127))
         return 4 if vnni and ins[self.X].type.dtype == "uint8" and fits else 2
 
@@ -663,8 +652,7 @@ class _IntegerConv(IntegerKernel):
         vec = ir.VectorType(I32, lanes)
         part = ir.VectorType(ir.IntType(bits), span * lanes)  # one load, as the multiply-add reads it
         if span == 4:
-            dp = k.module.globals.get("llvm.x86.avx512.vpdpbusd.512") or ir.Function(
-                k.module, ir.FunctionType(vec, [vec, vec, vec]), "llvm.x86.avx512.vpdpbusd.512")
+            dp = igemm.vpdpbusd(k.module)
         else:
             madd = _pmaddwd(k.module, lanes)
         wide = ir.VectorType(I32, 2 * lanes)
@@ -677,9 +665,9 @@ class _IntegerConv(IntegerKernel):
         slack = per_block + span  # past the planes, the last block's loads (junk columns only)
         rq = p.rq
         with nest(k, [n_, c_all], names=["n", "m"], parallel=2) as (n, m):
-            planes = _entry_alloca(k, ir.ArrayType(I8, flat.plane_set + slack), "x.flat")
-            row = _entry_alloca(k, ir.ArrayType(I32 if rq is None else I8, blocks * per_block), "y.flat")
-            wsum = _entry_alloca(k, I32, "wsum")
+            planes = k.entry_alloca(ir.ArrayType(I8, flat.plane_set + slack), "x.flat")
+            row = k.entry_alloca(ir.ArrayType(I32 if rq is None else I8, blocks * per_block), "y.flat")
+            wsum = k.entry_alloca(I32, "wsum")
             b = k.b
             m_i = k.i64(m)
             b.store(Tables.load(b, wsum_t, m_i), wsum)
@@ -764,8 +752,8 @@ class _IntegerConv(IntegerKernel):
         with nest(k, [n_, m_all, *win.out[:-1]], names=["n", "m", *[f"o{d}" for d in range(r - 1)]], parallel=2) as iv:
             n, m, os_ = iv[0], iv[1], iv[2:]
             b = k.b
-            row = _entry_alloca(k, ir.ArrayType(I32, ow), "acc.row")
-            wsum = _entry_alloca(k, I32, "acc.wsum")
+            row = k.entry_alloca(ir.ArrayType(I32, ow), "acc.row")
+            wsum = k.entry_alloca(I32, "acc.wsum")
             m_i = k.i64(m)
             g = b.udiv(m_i, k.i64(mg))
             with k.loop(0, ow, "init") as o:

@@ -161,6 +161,18 @@ class KernelBuilder:
     def attr(self, name: str, default: Any = None) -> Any:
         return self.node.attrs.get(name, default)
 
+    def entry_alloca(self, ty: ir.Type, name: str) -> ir.Value:
+        """A stack slot in the current function's entry block (outside every loop; mem2reg
+        promotes scalars).  In the entry block itself it is allocated where the builder is:
+        llvmlite builders keep an index into their block, so a second builder inserting at its
+        start would shift ``self.b``'s position."""
+        block = self.fn.entry_basic_block
+        if self.b.block is block:
+            return self.b.alloca(ty, name=name)
+        entry = ir.IRBuilder(block)
+        entry.position_at_start(block)
+        return entry.alloca(ty, name=name)
+
     def i64(self, v: Index) -> ir.Value:
         return v if isinstance(v, ir.Value) else ir.Constant(I64, int(v))
 

@@ -320,6 +320,14 @@ def _without_vnni(attrs: Sequence[str]) -> list[str]:
     return out
 
 
+def vpdpbusd(module: ir.Module) -> ir.Function:
+    """AVX-512 VNNI ``vpdpbusd(acc, u8x4, s8x4)``: per int32 lane, ``acc`` plus the four
+    products of unsigned bytes of the second operand with signed bytes of the third."""
+    name = "llvm.x86.avx512.vpdpbusd.512"
+    vec = ir.VectorType(I32, 16)
+    return module.globals.get(name) or ir.Function(module, ir.FunctionType(vec, [vec, vec, vec]), name)
+
+
 def micro_kernel(module: ir.Module, blk: IBlocking, attrs: Sequence[str], x_unsigned_first: bool = True) -> ir.Function:
     """``ukernel(kq, Wp, Xp, C, ldc, accumulate)``: one ``mr × nr`` int32 tile of C.
 
@@ -346,8 +354,7 @@ def micro_kernel(module: ir.Module, blk: IBlocking, attrs: Sequence[str], x_unsi
     undef_vec = ir.Constant(vec, None)
     mask0 = ir.Constant(ir.VectorType(I32, w), [0] * w)
     if blk.variant == "vnni":
-        dp = module.globals.get("llvm.x86.avx512.vpdpbusd.512") or ir.Function(
-            module, ir.FunctionType(vec, [vec, vec, vec]), "llvm.x86.avx512.vpdpbusd.512")
+        dp = vpdpbusd(module)
 
         def update(acc: ir.Value, wv: ir.Value, xv: ir.Value) -> ir.Value:
             return b.call(dp, [acc, xv, wv])  # (acc, unsigned bytes, signed bytes)
