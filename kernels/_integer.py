@@ -28,8 +28,8 @@ import numpy as np
 from polyml.kernels import Kernel, Operand
 
 from polyml.codegen import igemm
-from polyml.codegen.builder import F32, I32, I64, Buffer, KernelBuilder
-from polyml.codegen.quant import like, qrange, quantize_value, splat, to_i32
+from polyml.codegen.builder import F32, I32, I64, Buffer, KernelBuilder, like, splat
+from polyml.codegen.quant import qrange, quantize_value, to_i32
 from polyml.graph import Node
 
 QTYPES = frozenset({"int8", "uint8"})

@@ -45,7 +45,7 @@ from polyml.kernels.conv import VECTOR_LANES, Window, _isa
 from polyml.kernels.fused import evaluate_chain
 
 from polyml.codegen import gemm as packed
-from polyml.codegen.builder import F32, I64, Buffer, KernelBuilder
+from polyml.codegen.builder import F32, I64, Buffer, KernelBuilder, splat
 from polyml.graph import Node, TensorType
 
 #: planes·taps·outputs below which the convolution runs on one thread (the fork/join of a
@@ -196,8 +196,8 @@ def _plane(k: KernelBuilder, plan: DepthwisePlan, pn: ir.Value, work: ir.Value, 
     n, c = b.udiv(pn, _c(plan.channels)), b.urem(pn, _c(plan.channels))
     # acc[f] = b[c] + Σ w[c, i, j] · xph[f + off(i, j)], L outputs per step
     wbase = b.gep(b.bitcast(w.ptr, f32p), [b.mul(c, _c(kh * kw))], inbounds=True)
-    weights = [_splat(b, b.load(b.gep(wbase, [_c(i * kw + j)], inbounds=True)), vec) for i, j, _ in taps]
-    start = _splat(b, bias.load([c]), vec) if bias is not None else ir.Constant(vec, [0.0] * lanes)
+    weights = [splat(b, b.load(b.gep(wbase, [_c(i * kw + j)], inbounds=True)), vec) for i, j, _ in taps]
+    start = splat(b, bias.load([c]), vec) if bias is not None else ir.Constant(vec, [0.0] * lanes)
     with packed.for_range(b, 0, flat, lanes, name="dw.f") as f:
         s = start
         for (_, _, off), wv in zip(taps, weights):
@@ -215,12 +215,6 @@ def _plane(k: KernelBuilder, plan: DepthwisePlan, pn: ir.Value, work: ir.Value, 
             if chain and not flat_chain:
                 v = evaluate_chain(k, chain, {k.node.attrs["epilogue_acc"]: v}, extras, [n, c, oh, ow])
             b.store(v, b.gep(y_plane, [b.add(b.mul(oh, _c(ow_n)), ow)], inbounds=True))
-
-
-def _splat(b: ir.IRBuilder, v: ir.Value, vec: ir.VectorType) -> ir.Value:
-    undef = ir.Constant(vec, None)
-    one = b.insert_element(undef, v, ir.Constant(ir.IntType(32), 0))
-    return b.shuffle_vector(one, undef, ir.Constant(ir.VectorType(ir.IntType(32), vec.count), [0] * vec.count))
 
 
 def _copy_in(b: ir.IRBuilder, plan: DepthwisePlan, src: ir.Value, work: ir.Value) -> None:

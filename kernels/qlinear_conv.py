@@ -52,8 +52,8 @@ from polyml.kernels.conv import Window, conv_window, copy_parallel, nest, window
 
 from polyml.codegen import gemm as packed
 from polyml.codegen import igemm
-from polyml.codegen.builder import F32, I32, Buffer, KernelBuilder, pointer_type
-from polyml.codegen.quant import like, quantize_value, splat, to_i32
+from polyml.codegen.builder import F32, I32, Buffer, KernelBuilder, like, pointer_type, splat
+from polyml.codegen.quant import quantize_value, to_i32
 from polyml.driver.toolchain import host_target
 from polyml.errors import ShapeError
 from polyml.graph import Node, TensorType

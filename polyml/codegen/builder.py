@@ -62,6 +62,21 @@ def constant(dtype: str, value: float | int | bool) -> ir.Constant:
     return ir.Constant(t, int(value))
 
 
+def like(ty: ir.Type, value: float | int) -> ir.Constant:
+    """``value`` as a constant of ``ty``: a scalar, or splat across a vector type."""
+    if isinstance(ty, ir.VectorType):
+        return ir.Constant(ty, [value] * ty.count)
+    return ir.Constant(ty, value)
+
+
+def splat(b: ir.IRBuilder, v: ir.Value, ty: ir.Type) -> ir.Value:
+    """A scalar broadcast to every lane of the vector type ``ty`` (itself if ``ty`` is scalar)."""
+    if not isinstance(ty, ir.VectorType):
+        return v
+    one = b.insert_element(ir.Constant(ir.VectorType(v.type, ty.count), None), v, ir.Constant(ir.IntType(32), 0))
+    return b.shuffle_vector(one, ir.Constant(one.type, None), ir.Constant(ir.VectorType(ir.IntType(32), ty.count), [0] * ty.count))
+
+
 def pointer_type(t: TensorType) -> ir.PointerType:
     """``elem*`` for rank ≤ 1, else a pointer to the array of the trailing dimensions."""
     inner: ir.Type = llvm_type(t.dtype)

@@ -36,7 +36,7 @@ from dataclasses import dataclass, replace
 import llvmlite.ir as ir
 import numpy as np
 
-from polyml.codegen.builder import F32, I32, I64, Buffer, KernelBuilder, counted_loop
+from polyml.codegen.builder import F32, I64, Buffer, KernelBuilder, counted_loop, splat
 from polyml.errors import PolymlError
 
 F32P = F32.as_pointer()
@@ -324,8 +324,6 @@ def micro_kernel(module: ir.Module, blk: Blocking, attrs: Sequence[str], lda: in
         a.add_attribute("noalias")
     b = ir.IRBuilder(fn.append_basic_block("entry"))
     zero = ir.Constant(vec, [0.0] * blk.width)
-    undef_vec = ir.Constant(vec, None)
-    mask0 = ir.Constant(ir.VectorType(I32, blk.width), [0] * blk.width)
     fma = None
     if blk.fma:
         fma_name = f"llvm.fma.v{blk.width}f32"
@@ -338,7 +336,7 @@ def micro_kernel(module: ir.Module, blk: Blocking, attrs: Sequence[str], lda: in
         new_accs = []
         for r in range(blk.mr):
             a_val = b.load(b.gep(a_row, [_c(r * lda if lda else r)], inbounds=True))
-            a_vec = b.shuffle_vector(b.insert_element(undef_vec, a_val, ir.Constant(I32, 0)), undef_vec, mask0)
+            a_vec = splat(b, a_val, vec)
             row = []
             for v in range(blk.vectors):
                 acc = accs[r][v]

@@ -47,7 +47,7 @@ from dataclasses import dataclass, replace
 import llvmlite.ir as ir
 import numpy as np
 
-from polyml.codegen.builder import I32, I64, Buffer, KernelBuilder
+from polyml.codegen.builder import I32, I64, Buffer, KernelBuilder, splat
 from polyml.codegen.gemm import _c, _function, _min, _round_up, add_edge_tile, for_range, tile_loop
 from polyml.codegen.gemm import matrix_loader as matrix_loader  # the same row-major loader, 8-bit elements here
 from polyml.errors import PolymlError
@@ -351,8 +351,6 @@ def micro_kernel(module: ir.Module, blk: IBlocking, attrs: Sequence[str], x_unsi
         a.add_attribute("noalias")
     b = ir.IRBuilder(fn.append_basic_block("entry"))
     zero = ir.Constant(vec, [0] * w)
-    undef_vec = ir.Constant(vec, None)
-    mask0 = ir.Constant(ir.VectorType(I32, w), [0] * w)
     if blk.variant == "vnni":
         dp = vpdpbusd(module)
 
@@ -377,7 +375,7 @@ def micro_kernel(module: ir.Module, blk: IBlocking, attrs: Sequence[str], x_unsi
         new_accs = []
         for r in range(blk.mr):
             wval = b.load(b.gep(w_row, [_c(r)], inbounds=True), align=4)
-            wvec = b.shuffle_vector(b.insert_element(undef_vec, wval, ir.Constant(I32, 0)), undef_vec, mask0)
+            wvec = splat(b, wval, vec)
             new_accs.append([update(accs[r][v], wvec, x_vecs[v]) for v in range(blk.vectors)])
         return new_accs
 

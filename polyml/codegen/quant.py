@@ -12,7 +12,7 @@ from __future__ import annotations
 import llvmlite.ir as ir
 import numpy as np
 
-from polyml.codegen.builder import F32, is_float, llvm_type
+from polyml.codegen.builder import F32, is_float, like, llvm_type
 
 #: dtypes quantized tensors may have
 QTYPES = frozenset({"int8", "uint8"})
@@ -21,21 +21,6 @@ QTYPES = frozenset({"int8", "uint8"})
 def qrange(dtype: str) -> tuple[int, int]:
     info = np.iinfo(dtype)
     return int(info.min), int(info.max)
-
-
-def like(ty: ir.Type, value: float | int) -> ir.Constant:
-    """``value`` as a constant of ``ty``: a scalar, or splat across a vector type."""
-    if isinstance(ty, ir.VectorType):
-        return ir.Constant(ty, [value] * ty.count)
-    return ir.Constant(ty, value)
-
-
-def splat(b: ir.IRBuilder, v: ir.Value, ty: ir.Type) -> ir.Value:
-    """A scalar broadcast to every lane of the vector type ``ty`` (itself if ``ty`` is scalar)."""
-    if not isinstance(ty, ir.VectorType):
-        return v
-    one = b.insert_element(ir.Constant(ir.VectorType(v.type, ty.count), None), v, ir.Constant(ir.IntType(32), 0))
-    return b.shuffle_vector(one, ir.Constant(one.type, None), ir.Constant(ir.VectorType(ir.IntType(32), ty.count), [0] * ty.count))
 
 
 def _call(b: ir.IRBuilder, name: str, *args: ir.Value) -> ir.Value:
