@@ -29,6 +29,7 @@ constant offset from the output position on the plane pitch):
 from __future__ import annotations
 
 import math
+import os
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -182,6 +183,60 @@ class _Flat:
             with nest(k, [rows], names=["qr"]) as (r,):
                 self._copy_columns(k, x, n, c, a, bbs, k.i64(r), cols, dst)
 
+    def fill_grouped(self, k: KernelBuilder, x: Buffer, xq: Buffer, zx: ir.Value, g: int, flip: bool) -> None:
+        """``xq`` as :meth:`fill`'s planes with every ``g`` channels interleaved,
+        ``xq[n][c/g][φ plane element][c%g]``: a column's ``g`` channels at a tap are one word,
+        the operand the integer GEMM reads in place (``IGemmSpec.x_offsets``); ``flip``
+        xors each byte's top bit (int8 activations for ``vpdpbusd``'s unsigned operand).
+        Per plane row, :attr:`SPLIT` columns a step: one load per channel (two column phases:
+        its even and odd bytes), the ``g`` vectors interleaved by shuffles into one store."""
+        n_, c_all, h, w = x.shape
+        i8p = I8.as_pointer()
+        fill = ir.Constant(I8, (zx.constant ^ 0x80) if flip else zx.constant) if isinstance(zx, ir.Constant) else \
+            (k.b.xor(zx, ir.Constant(I8, 0x80)) if flip else zx)
+        with nest(k, [xq.shape[0]], names=["zfill"], parallel=min(1, copy_parallel([xq.shape[0]]))) as (i,):
+            xq.store([i], fill)
+        v, (sh, sw) = self.SPLIT, self.strides
+        for a, bbs, rows, (lo, hi) in self.copies(h, w):
+            extents = [n_, c_all // g, rows]
+            with nest(k, extents, names=["gn", "gc", "gr"], parallel=copy_parallel([*extents, hi - lo, g])) as (n, cb, r):
+                b = k.b
+                n, cb, r = k.i64(n), k.i64(cb), k.i64(r)
+                base = b.gep(b.bitcast(xq.ptr, i8p), [b.mul(b.add(b.mul(n, k.i64(c_all // g)), cb),
+                                                             k.i64(self.plane_set * g))], inbounds=True)
+                ih = b.add(b.mul(r, k.i64(sh)), k.i64(a - self.pads[0]))
+                chans = [b.add(b.mul(cb, k.i64(g)), k.i64(e)) for e in range(g)]
+                if hi - lo >= v and (sw == 1 or (sw == 2 and len(bbs) == 2)):
+                    rows_src = [b.bitcast(x.addr([n, c, ih, 0]), i8p) for c in chans]
+                    with k.loop(0, -(-(hi - lo) // v), "gv") as t:
+                        b = k.b
+                        q0 = b.add(b.mul(k.i64(t), k.i64(v)), k.i64(lo))
+                        q0 = b.select(b.icmp_signed(">", q0, k.i64(hi - v)), k.i64(hi - v), q0)
+                        iw0 = b.add(b.mul(q0, k.i64(sw)), k.i64(-self.pads[1]))
+                        loads = [b.load(b.bitcast(b.gep(src, [iw0], inbounds=True),
+                                                  ir.VectorType(I8, sw * v).as_pointer()), align=1) for src in rows_src]
+                        for bb in bbs:
+                            parts = loads if sw == 1 else [
+                                b.shuffle_vector(ld, ir.Constant(ld.type, None),
+                                                 ir.Constant(ir.VectorType(I32, v), [2 * i + bb for i in range(v)]))
+                                for ld in loads]
+                            words = _interleave(b, parts)
+                            if flip:
+                                words = b.xor(words, ir.Constant(words.type, [0x80] * (g * v)))
+                            at, _, _ = self._source(k, a, bb, r, q0)
+                            b.store(words, b.bitcast(b.gep(base, [b.mul(at, k.i64(g))], inbounds=True),
+                                                     words.type.as_pointer()), align=1)
+                elif hi > lo:
+                    with nest(k, [(lo, hi)], names=["gq"]) as (q,):
+                        b = k.b
+                        for bb in bbs:
+                            at, ih_, iw = self._source(k, a, bb, r, k.i64(q))
+                            for e, c in enumerate(chans):
+                                val = x.load([n, c, ih_, iw])
+                                if flip:
+                                    val = b.xor(val, ir.Constant(I8, 0x80))
+                                b.store(val, b.gep(base, [b.add(b.mul(at, k.i64(g)), k.i64(e))], inbounds=True))
+
     #: columns per vector step of a two-phase copy (one 32-byte load split into its even and odd bytes)
     SPLIT = 16
 
@@ -216,6 +271,19 @@ class _Flat:
                 for bb in bbs:
                     at, ih, iw = self._source(k, a, bb, r, k.i64(q))
                     k.b.store(x.load([n, c, ih, iw]), k.b.gep(dst, [at], inbounds=True))
+
+
+def _interleave(b: ir.IRBuilder, parts: list[ir.Value]) -> ir.Value:
+    """``g`` vectors of ``v`` bytes as one of ``g·v``: element ``i`` of part ``e`` at ``i·g + e``."""
+    g, v = len(parts), parts[0].type.count
+    while len(parts) > 1:  # concatenate pairwise, then one shuffle picks the interleaved order
+        parts = [b.shuffle_vector(parts[i], parts[i + 1],
+                                  ir.Constant(ir.VectorType(I32, 2 * parts[i].type.count),
+                                              list(range(2 * parts[i].type.count))))
+                 for i in range(0, len(parts), 2)]
+    whole = parts[0]
+    return b.shuffle_vector(whole, ir.Constant(whole.type, None),
+                            ir.Constant(ir.VectorType(I32, g * v), [e * v + i for i in range(v) for e in range(g)]))
 
 
 @dataclass(frozen=True)
@@ -332,6 +400,21 @@ class _IntegerConv(IntegerKernel):
         x, w = ins[self.X].type, ins[self.W].type
         return x.shape[0] * group, w.shape[0] // group, _Flat.of(win).columns, math.prod(w.shape[1:]), group
 
+    def in_place(self, node: Node, ins: list[Operand | None]) -> bool:
+        """Whether the GEMM reads X in place (``IGemmSpec.x_offsets``) from a channel-
+        interleaved flat copy (:meth:`_Flat.fill_grouped`) instead of packing panels of it:
+        ``vnni`` (one byte per element), whole groups of 4 channels per conv group, and an
+        input that is copied anyway (padded or strided: an unpadded 1x1 conv reads ``x``
+        itself, and an interleaving copy then costs more than the packing it saves, mobilenet_v2
+        int8 +7 %).
+        ``POLYML_IGEMM_INPLACE=0`` packs as before (for measurements)."""
+        if os.environ.get("POLYML_IGEMM_INPLACE", "1") == "0":
+            return False
+        _, mg, _, _, group = self._gemm_dims(node, ins)
+        blk = igemm.blocking_for_host(mg)
+        copied = _Flat.of(self.geometry(node, ins)[0]).copy
+        return copied and blk.variant == "vnni" and (ins[self.X].type.shape[1] // group) % blk.group == 0
+
     # -- hooks ------------------------------------------------------------------------------
     def policy(self, node: Node, ins: list[Operand | None]) -> str:
         return "off"
@@ -354,8 +437,11 @@ class _IntegerConv(IntegerKernel):
                  TensorType((-(-igemm.scratch_size(units, mg, p, kk) // 4),), "int32")]
             win = self.geometry(node, ins)[0]
             flat = _Flat.of(win)
-            if flat.copy:
-                x = ins[self.X].type
+            x = ins[self.X].type
+            if self.in_place(node, ins):  # a full panel's words past the last column (nr words), and a guard
+                t.append(TensorType((x.shape[0] * x.shape[1] * flat.plane_set + 4 * igemm.blocking_for_host(mg).nr
+                                     + flat.SLACK,), x.dtype))
+            elif flat.copy:
                 t.append(TensorType((x.shape[0] * x.shape[1] * flat.plane_set + flat.SLACK,), x.dtype))
             if flat.pitch != win.out[-1]:  # the output on the plane pitch, then cropped
                 t.append(TensorType((units * mg * p,), outs[0].dtype))
@@ -379,6 +465,9 @@ class _IntegerConv(IntegerKernel):
         units, mg, _, kk, group = self._gemm_dims(node, ins)
         blk = igemm.blocking_for_host(mg)
         w = np.asarray(ins[self.W].value).reshape(group, mg, kk)
+        if self.in_place(node, ins):  # the reduction in the order X's words hold it: (c/g, tap, c%g)
+            g, cg = blk.group, ins[self.W].type.shape[1]
+            w = w.reshape(group, mg, cg // g, g, kk // cg).transpose(0, 1, 2, 4, 3).reshape(group, mg, kk)
         signed = ins[self.W].type.dtype == "int8"
         out = [np.concatenate([igemm.prepack_w(w[g], blk, signed) for g in range(group)])]
         rq = self.requant(node, ins, group * mg)
@@ -427,7 +516,14 @@ class _IntegerConv(IntegerKernel):
         temps = iter(k.temps)
         c_temp, scratch = next(temps), next(temps)
         zx_buf = None if cor.zx.known else _view(k, k.inputs[self.ZX], (1,))
-        if flat.copy:
+        in_place = self.in_place(k.node, ins)
+        x_signed = ins[self.X].type.dtype == "int8"
+        if in_place:
+            xq = next(temps)
+            flat.fill_grouped(k, x, xq, ir.Constant(I8, cor.zx.at(0) & 0xFF) if zx_buf is None else zx_buf.load([0]),
+                              blk.group, x_signed)
+            plane_set = flat.plane_set
+        elif flat.copy:
             xq = next(temps)
             flat.fill(k, x, xq, ir.Constant(I8, cor.zx.at(0) & 0xFF) if zx_buf is None else None, zx_buf)
             plane_set = flat.plane_set
@@ -452,17 +548,22 @@ class _IntegerConv(IntegerKernel):
             strides.append([0, mg])
         strides.append([m_all * ncols, mg * ncols])  # C
         out_bytes = 4 if rq is None else 1
-        x_signed = ins[self.X].type.dtype == "int8"
-        # per reduction row p = (c, tap): its offset from the group's first plane, one table
-        # load per packed row instead of a division and a tap lookup
         taps = np.array(flat.tap_offsets(win), np.int64)
-        rows = (np.arange(cg, dtype=np.int64)[:, None] * plane_set + taps[None, :]).reshape(-1)
-        row_table = Tables(k.module, k.fn.name).i32(rows, "rows")
+        tables = Tables(k.module, k.fn.name)
+        pack_x = x_offsets = None
+        if in_place:  # group q = (c/g, tap): its words' byte offset in the interleaved planes
+            g = blk.group
+            offsets = (np.arange(cg // g, dtype=np.int64)[:, None] * plane_set + taps[None, :]).reshape(-1) * g
+            x_offsets = tables.i32(offsets, "xoff")
+        else:  # per reduction row p = (c, tap): its offset from the group's first plane, one
+            # table load per packed row instead of a division and a tap lookup
+            rows = (np.arange(cg, dtype=np.int64)[:, None] * plane_set + taps[None, :]).reshape(-1)
+            row_table = tables.i32(rows, "rows")
 
-        def row_ptr(b: ir.IRBuilder, ops, p: ir.Value) -> ir.Value:  # noqa: ANN001
-            return b.gep(ops[1], [b.sext(Tables.load(b, row_table, p), I64)], inbounds=True)
+            def row_ptr(b: ir.IRBuilder, ops, p: ir.Value) -> ir.Value:  # noqa: ANN001
+                return b.gep(ops[1], [b.sext(Tables.load(b, row_table, p), I64)], inbounds=True)
 
-        pack_x = igemm.rows_packer(row_ptr, kk, ncols, blk, x_signed)
+            pack_x = igemm.rows_packer(row_ptr, kk, ncols, blk, x_signed)
 
         def epilogue(b: ir.IRBuilder, ops, i: ir.Value, j: ir.Value, acc: ir.Value) -> None:  # noqa: ANN001
             """One accumulator, or a tile row's (``acc`` a vector of the columns from ``j``)."""
@@ -474,7 +575,7 @@ class _IntegerConv(IntegerKernel):
             store_output(b, v, dst, m, rq)
 
         spec = igemm.IGemmSpec(mg, ncols, kk, None, None, len(operands), ins[self.W].type.dtype == "int8", x_signed,
-                               epilogue, pack_x=pack_x, prepacked_w=True, vector_epilogue=True)
+                               epilogue, pack_x=pack_x, prepacked_w=True, vector_epilogue=True, x_offsets=x_offsets)
         igemm.emit(k, spec, operands, c_temp if igemm.needs_c(kk) else None, scratch, batch=(n_, group), strides=strides)
         if cropped:  # y[n][m][oh][ow] = y_flat[n][m][oh·Wq + ow]: one fixed-size memcpy per row
             src = _view(k, y_flat, (n_ * m_all, ncols))

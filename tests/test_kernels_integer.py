@@ -239,6 +239,35 @@ def test_qlinear_conv_micro_kernels(variant: str, monkeypatch) -> None:
         _exact(_polyml(model, feeds), onnxruntime_run(model, feeds)["y"])
 
 
+#: the in-place X of the VNNI GEMM (channel-interleaved flat copy): both column-copy forms
+#: (16-column vector steps, one and two column phases, and the element loop) with uint8 and
+#: int8 activations, one and several reduction blocks, two groups of 12 channels
+IN_PLACE_CASES = [
+    ((1, 12, 9, 37), (20, 12, 3, 3), {"pads": [1, 1, 1, 1], "strides": [2, 2]}),
+    ((1, 8, 6, 40), (16, 8, 3, 3), {"pads": [1, 2, 0, 1], "strides": [1, 2]}),
+    ((2, 16, 7, 18), (24, 16, 3, 3), {"pads": [1, 1, 1, 1]}),
+    ((1, 24, 11, 7), (16, 12, 3, 3), {"group": 2, "pads": [1, 1, 1, 1]}),
+    ((1, 32, 5, 33), (40, 32, 1, 1), {"pads": [0, 1, 0, 1]}),
+]
+
+
+@pytest.mark.parametrize("variant", ["", *MULTI_BLOCK[:1]])
+@pytest.mark.parametrize("xdt", [np.uint8, np.int8])
+@pytest.mark.parametrize("case", IN_PLACE_CASES, ids=[f"{c[0]}-{c[1]}" for c in IN_PLACE_CASES])
+def test_qlinear_conv_in_place(case: tuple, xdt: type, variant: str, monkeypatch, tmp_path: Path) -> None:
+    if not _host_has_vnni():
+        pytest.skip("in-place X is the VNNI GEMM's")
+    if variant:
+        monkeypatch.setenv("POLYML_IGEMM", variant)
+    xs, ws, attrs = case
+    model, feeds = _qconv(np.random.default_rng(11), xs, ws, xdt=xdt, **attrs)
+    onnx.save(model, str(tmp_path / "m.onnx"))
+    built = polyml_compile(tmp_path / "m.onnx", tmp_path / "b", cache=False, emit=["ll"])
+    text = "".join(p.read_text() for p in (tmp_path / "b").glob("ops.*.ll") if ".opt." not in p.name)
+    assert ".inplace" in text and "pack_x" not in text
+    _exact(built.run(feeds)["y"], onnxruntime_run(model, feeds)["y"])
+
+
 def test_qlinear_conv_clip_and_weight_zero_point() -> None:
     """``polyml_clip`` (a fused Relu: y ≥ y_zp) on the GEMM path, and nonzero weight zero points
     (the direct path), against onnxruntime's QLinearConv."""

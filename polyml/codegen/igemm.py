@@ -206,7 +206,7 @@ class IGemmSpec:
     k: int
     #: W element (row, p) as stored (int8/uint8 bits); None when ``prepacked_w``
     load_w: Loader | None
-    #: X element (p, col); None when ``pack_x`` packs X
+    #: X element (p, col); None when ``pack_x`` packs X or ``x_offsets`` reads it in place
     load_x: Loader | None
     operands: int
     w_signed: bool
@@ -222,10 +222,15 @@ class IGemmSpec:
     #: from ``j``): full-width tiles then run it on vectors (one store per row of the tile)
     vector_epilogue: bool = False
     make_builder: Callable[[ir.Function], ir.IRBuilder] | None = None
+    #: X read in place, never packed: operand 1 holds X already grouped (``g`` reduction
+    #: elements of a column in one word, the columns' words contiguous), group ``q``'s words
+    #: at byte ``x_offsets[q]`` (a private i32 table) from column 0's, so that a panel is one
+    #: run of ``nr`` words (a convolution's channel-interleaved flat input: :func:`micro_kernel`)
+    x_offsets: ir.GlobalVariable | None = None
 
     def __post_init__(self) -> None:
-        if self.load_x is None and self.pack_x is None:
-            raise ValueError("IGemmSpec: X needs a load_x or a pack_x")
+        if self.load_x is None and self.pack_x is None and self.x_offsets is None:
+            raise ValueError("IGemmSpec: X needs a load_x, a pack_x or x_offsets")
         if self.load_w is None and not self.prepacked_w:
             raise ValueError("IGemmSpec: W needs a load_w unless it is pre-packed")
 
@@ -328,15 +333,16 @@ def vpdpbusd(module: ir.Module) -> ir.Function:
     return module.globals.get(name) or ir.Function(module, ir.FunctionType(vec, [vec, vec, vec]), name)
 
 
-def micro_kernel(module: ir.Module, blk: IBlocking, attrs: Sequence[str], x_unsigned_first: bool = True) -> ir.Function:
-    """``ukernel(kq, Wp, Xp, C, ldc, accumulate)``: one ``mr × nr`` int32 tile of C.
+def micro_kernel(module: ir.Module, blk: IBlocking, attrs: Sequence[str], in_place: bool = False) -> ir.Function:
+    """``ukernel(kq, Wp, Xp, C, ldc, accumulate[, offsets])``: one ``mr × nr`` int32 tile of C.
 
     ``Wp`` is a packed W panel of ``kq`` groups × ``mr`` rows (one int32 of ``g`` elements per
-    row and group), ``Xp`` an X panel of ``kq`` groups × ``nr`` columns.  Per group the kernel
-    loads ``nr/w`` X vectors, broadcasts each row's int32 of W and updates ``mr·nr/w`` vector
-    accumulators (``vpdpbusd`` or the ``madd`` sequence), then stores (or adds) the tile into
-    C (int32, row stride ``ldc``)."""
-    name = f"polyml.iukernel.{blk.variant}.{blk.mr}x{blk.nr}w{blk.width}"
+    row and group), ``Xp`` an X panel of ``kq`` groups × ``nr`` columns (``in_place``: group
+    ``q``'s ``nr`` words start ``offsets[q]`` bytes after ``Xp``, see ``IGemmSpec.x_offsets``).
+    Per group the kernel loads ``nr/w`` X vectors, broadcasts each row's int32 of W and updates
+    ``mr·nr/w`` vector accumulators (``vpdpbusd`` or the ``madd`` sequence), then stores (or
+    adds) the tile into C (int32, row stride ``ldc``)."""
+    name = f"polyml.iukernel.{blk.variant}.{blk.mr}x{blk.nr}w{blk.width}{'.inplace' if in_place else ''}"
     existing = module.globals.get(name)
     if existing is not None:
         return existing
@@ -344,9 +350,11 @@ def micro_kernel(module: ir.Module, blk: IBlocking, attrs: Sequence[str], x_unsi
     vec = ir.VectorType(I32, w)
     if blk.variant == "madd" and w == 16:
         attrs = _without_vnni(attrs)
-    fn = _function(module, name, [I64, I32P, I32P, I32P, I64, ir.IntType(1)], attrs, w == 16)
+    fn = _function(module, name, [I64, I32P, I32P, I32P, I64, ir.IntType(1), *([I32P] if in_place else [])], attrs,
+                   w == 16)
     fn.linkage = "internal"
-    kq, wp, xp, c, ldc, accumulate = fn.args
+    kq, wp, xp, c, ldc, accumulate = fn.args[:6]
+    offsets = fn.args[6] if in_place else None
     for a in (wp, xp, c):
         a.add_attribute("noalias")
     b = ir.IRBuilder(fn.append_basic_block("entry"))
@@ -368,7 +376,11 @@ def micro_kernel(module: ir.Module, blk: IBlocking, attrs: Sequence[str], x_unsi
             pair = b.add(b.shuffle_vector(prod, undef_wide, even), b.shuffle_vector(prod, undef_wide, odd), flags=["nsw"])
             return b.add(acc, pair)
     def step(q: ir.Value, accs: list[list[ir.Value]]) -> list[list[ir.Value]]:
-        x_row = b.gep(xp, [b.mul(q, _c(blk.nr), flags=["nsw"])], inbounds=True)
+        if offsets is None:
+            x_row = b.gep(xp, [b.mul(q, _c(blk.nr), flags=["nsw"])], inbounds=True)
+        else:
+            at = b.sext(b.load(b.gep(offsets, [q], inbounds=True), align=4), I64)
+            x_row = b.bitcast(b.gep(b.bitcast(xp, I8P), [at], inbounds=True), I32P)
         x_vecs = [b.load(b.bitcast(b.gep(x_row, [_c(v * w)], inbounds=True), vec.as_pointer()), align=4)
                   for v in range(blk.vectors)]
         w_row = b.gep(wp, [b.mul(q, _c(blk.mr), flags=["nsw"])], inbounds=True)
@@ -528,7 +540,8 @@ def block_function(module: ir.Module, name: str, spec: IGemmSpec, blk: IBlocking
     (``jc`` → ``pc``: pack the X block → ``ic``: pack the W block → ``jr`` → ``ir``: the
     micro-kernel), C an int32 buffer of the product's shape; after a tile's last ``kc`` block
     the epilogue consumes its accumulators."""
-    ukernel = micro_kernel(module, blk, attrs)
+    in_place = spec.x_offsets is not None
+    ukernel = micro_kernel(module, blk, attrs, in_place)
     args = [I8P] * spec.operands + [I32P, I8P, I64, I64, I64, I64]
     fn = _function(module, name, args, attrs, blk.width == 16)
     fn.attributes.add("noinline")
@@ -562,13 +575,19 @@ def block_function(module: ir.Module, name: str, spec: IGemmSpec, blk: IBlocking
             first = b.icmp_signed("==", pc, _c(0))
             last = b.icmp_signed("==", b.add(pc, kc), _c(spec.k))
             panels_n = b.sdiv(b.add(nc, _c(nr - 1)), _c(nr))
-            with for_range(b, 0, panels_n, name="pack_x.jp") as jp:
-                dst_panel = b.gep(x_pack, [b.mul(b.mul(jp, kcp), _c(nr))], inbounds=True)
-                col0 = b.add(jc, b.mul(jp, _c(nr)))
-                if spec.pack_x is not None:
-                    spec.pack_x(b, ops, dst_panel, pc, kc, kcp, col0)
-                else:
-                    _pack_x_panel(b, spec, blk, ops, dst_panel, pc, kc, kcp, col0)
+            if in_place:  # this block's groups' offsets; X's columns from jc on
+                offsets = b.gep(spec.x_offsets, [_c(0), b.sdiv(pc, _c(g))], inbounds=True)
+                x_cols = b.gep(ops[1], [b.mul(jc, _c(g * blk.elem_bytes))], inbounds=True)
+                extra = [offsets]
+            else:
+                extra = []
+                with for_range(b, 0, panels_n, name="pack_x.jp") as jp:
+                    dst_panel = b.gep(x_pack, [b.mul(b.mul(jp, kcp), _c(nr))], inbounds=True)
+                    col0 = b.add(jc, b.mul(jp, _c(nr)))
+                    if spec.pack_x is not None:
+                        spec.pack_x(b, ops, dst_panel, pc, kc, kcp, col0)
+                    else:
+                        _pack_x_panel(b, spec, blk, ops, dst_panel, pc, kc, kcp, col0)
             m_blocks = b.sdiv(b.add(b.sub(m1, m0), _c(blk.mc - 1)), _c(blk.mc))
             with for_range(b, 0, m_blocks, name="ic") as icb:
                 ic = b.add(m0, b.mul(icb, _c(blk.mc)))
@@ -582,7 +601,10 @@ def block_function(module: ir.Module, name: str, spec: IGemmSpec, blk: IBlocking
                 with for_range(b, 0, panels_n, name="jr") as jpn:
                     jr = b.mul(jpn, _c(nr))
                     cols = _min(b, _c(nr), b.sub(nc, jr))
-                    xp = b.bitcast(b.gep(x_pack, [b.mul(jr, kcp)], inbounds=True), I32P)
+                    if in_place:
+                        xp = b.bitcast(b.gep(x_cols, [b.mul(jr, _c(g * blk.elem_bytes))], inbounds=True), I32P)
+                    else:
+                        xp = b.bitcast(b.gep(x_pack, [b.mul(jr, kcp)], inbounds=True), I32P)
                     with for_range(b, 0, panels_m, name="ir") as ipn:
                         ir_ = b.mul(ipn, _c(mr))
                         rows = _min(b, _c(mr), b.sub(mc, ir_))
@@ -590,12 +612,12 @@ def block_function(module: ir.Module, name: str, spec: IGemmSpec, blk: IBlocking
                         i0 = b.add(ic, ir_)
                         j0 = b.add(jc, jr)
                         if single:  # the whole reduction in one call: through the stack tile
-                            b.call(ukernel, [kq, wp, xp, tile, _c(nr), ir.Constant(ir.IntType(1), 0)])
+                            b.call(ukernel, [kq, wp, xp, tile, _c(nr), ir.Constant(ir.IntType(1), 0), *extra])
                             _tile_epilogue(b, spec, ops, i0, j0, rows, cols, nr,
                                            lambda r, cc: b.gep(tile, [b.add(b.mul(r, _c(nr)), cc)], inbounds=True))
                         else:
                             _accumulate_tile(b, ukernel, kq, wp, xp, tile, c_addr, i0, j0, rows, cols, first, last, ldc,
-                                             spec, ops, blk)
+                                             spec, ops, blk, extra)
     b.ret_void()
     return fn
 
@@ -629,16 +651,16 @@ def _tile_epilogue(b: ir.IRBuilder, spec: IGemmSpec, ops: Sequence[ir.Value], i0
 def _accumulate_tile(b: ir.IRBuilder, ukernel: ir.Function, kq: ir.Value, wp: ir.Value, xp: ir.Value, tile: ir.Value,
                      c_addr: Callable[[ir.Value, ir.Value], ir.Value], i0: ir.Value, j0: ir.Value, rows: ir.Value,
                      cols: ir.Value, first: ir.Value, last: ir.Value, ldc: ir.Value, spec: IGemmSpec,
-                     ops: Sequence[ir.Value], blk: IBlocking) -> None:
+                     ops: Sequence[ir.Value], blk: IBlocking, extra: Sequence[ir.Value] = ()) -> None:
     """Several reduction blocks: the tile accumulates in C (whole tiles in place, edge tiles
     through the stack tile), the epilogue reads C after the last block."""
     mr, nr = blk.mr, blk.nr
     full = b.and_(b.icmp_signed("==", rows, _c(mr)), b.icmp_signed("==", cols, _c(nr)))
     with b.if_else(full) as (then, otherwise):
         with then:
-            b.call(ukernel, [kq, wp, xp, c_addr(i0, j0), ldc, b.not_(first)])
+            b.call(ukernel, [kq, wp, xp, c_addr(i0, j0), ldc, b.not_(first), *extra])
         with otherwise:
-            b.call(ukernel, [kq, wp, xp, tile, _c(nr), ir.Constant(ir.IntType(1), 0)])
+            b.call(ukernel, [kq, wp, xp, tile, _c(nr), ir.Constant(ir.IntType(1), 0), *extra])
             add_edge_tile(b, tile, nr, c_addr, i0, j0, rows, cols, first, ir.Constant(I32, 0), b.add)
     with b.if_then(last):
         _tile_epilogue(b, spec, ops, i0, j0, rows, cols, nr, lambda r, cc: c_addr(b.add(i0, r), b.add(j0, cc)))
