@@ -132,6 +132,34 @@ class _Flat:
                 if rows[1] > rows[0] and cols[1] > cols[0]:
                     yield a, bb, rows, cols
 
+    def border(self, h: int, w: int) -> list[tuple[int, int]]:
+        """The runs ``(offset, length)`` of a channel's phase planes that no input element
+        lands in (the padding, and phases with no input at all), adjacent runs merged."""
+        plane = self.rows * self.pitch
+        inside = {a * self.strides[1] + bb: (rows, cols) for a, bb, rows, cols in self.phases(h, w)}
+        runs: list[tuple[int, int]] = []
+
+        def add(lo: int, hi: int) -> None:
+            if hi <= lo:
+                return
+            if runs and runs[-1][0] + runs[-1][1] == lo:
+                runs[-1] = (runs[-1][0], hi - runs[-1][0])
+            else:
+                runs.append((lo, hi - lo))
+
+        for phi in range(self.strides[0] * self.strides[1]):
+            p0 = phi * plane
+            if phi not in inside:
+                add(p0, p0 + plane)
+                continue
+            (r0, r1), (c0, c1) = inside[phi]
+            at = p0
+            for r in range(r0, r1):
+                add(at, p0 + r * self.pitch + c0)
+                at = p0 + r * self.pitch + c1
+            add(at, p0 + plane)
+        return runs
+
     def copies(self, h: int, w: int) -> list[tuple[int, list[int], tuple[int, int], tuple[int, int]]]:
         """The copy into the phase planes as ``(a, [b, ...], rows, columns)`` nests: per row
         phase ``a``, the columns every column phase has in one nest (a contiguous run of the
@@ -183,59 +211,84 @@ class _Flat:
             with nest(k, [rows], names=["qr"]) as (r,):
                 self._copy_columns(k, x, n, c, a, bbs, k.i64(r), cols, dst)
 
-    def fill_grouped(self, k: KernelBuilder, x: Buffer, xq: Buffer, zx: ir.Value, g: int, flip: bool) -> None:
+    def fill_grouped(self, k: KernelBuilder, x: Buffer, xq: Buffer, zx: ir.Constant | None, zx_buf: Buffer | None,
+                     g: int, flip: bool) -> None:
         """``xq`` as :meth:`fill`'s planes with every ``g`` channels interleaved,
         ``xq[n][c/g][φ plane element][c%g]``: a column's ``g`` channels at a tap are one word,
         the operand the integer GEMM reads in place (``IGemmSpec.x_offsets``); ``flip``
         xors each byte's top bit (int8 activations for ``vpdpbusd``'s unsigned operand).
-        Per plane row, :attr:`SPLIT` columns a step: one load per channel (two column phases:
-        its even and odd bytes), the ``g`` vectors interleaved by shuffles into one store."""
+        One parallel loop over ``(n, c/g)``: the block's :meth:`border` set to the zero point
+        (a memset of the whole buffer before the copy cost 11 % of a 3x3/2 conv, one of each
+        block 5 %), its rows copied in, :attr:`SPLIT` columns a step: one load per channel (two
+        column phases: its even and odd bytes), the ``g`` vectors interleaved by shuffles into
+        one store."""
         n_, c_all, h, w = x.shape
         i8p = I8.as_pointer()
-        fill = ir.Constant(I8, (zx.constant ^ 0x80) if flip else zx.constant) if isinstance(zx, ir.Constant) else \
-            (k.b.xor(zx, ir.Constant(I8, 0x80)) if flip else zx)
-        with nest(k, [xq.shape[0]], names=["zfill"], parallel=min(1, copy_parallel([xq.shape[0]]))) as (i,):
-            xq.store([i], fill)
         v, (sh, sw) = self.SPLIT, self.strides
-        for a, bbs, rows, (lo, hi) in self.copies(h, w):
-            extents = [n_, c_all // g, rows]
-            with nest(k, extents, names=["gn", "gc", "gr"], parallel=copy_parallel([*extents, hi - lo, g])) as (n, cb, r):
-                b = k.b
-                n, cb, r = k.i64(n), k.i64(cb), k.i64(r)
-                base = b.gep(b.bitcast(xq.ptr, i8p), [b.mul(b.add(b.mul(n, k.i64(c_all // g)), cb),
-                                                             k.i64(self.plane_set * g))], inbounds=True)
-                ih = b.add(b.mul(r, k.i64(sh)), k.i64(a - self.pads[0]))
-                chans = [b.add(b.mul(cb, k.i64(g)), k.i64(e)) for e in range(g)]
-                if hi - lo >= v and (sw == 1 or (sw == 2 and len(bbs) == 2)):
-                    rows_src = [b.bitcast(x.addr([n, c, ih, 0]), i8p) for c in chans]
-                    with k.loop(0, -(-(hi - lo) // v), "gv") as t:
+        block = self.plane_set * g
+        par = copy_parallel([n_, c_all // g, block])
+        with nest(k, [n_, c_all // g], names=["gn", "gc"], parallel=par) as (n, cb):
+            b = k.b
+            n, cb = k.i64(n), k.i64(cb)
+            base = b.gep(b.bitcast(xq.ptr, i8p), [b.mul(b.add(b.mul(n, k.i64(c_all // g)), cb), k.i64(block))],
+                         inbounds=True)
+            value = zx if zx is not None else zx_buf.load([0])
+            if flip:
+                value = b.xor(value, ir.Constant(I8, 0x80))
+            for start, length, count, stride in _strided(self.border(h, w)):
+                nbytes = length * g
+                if nbytes > self.MAX_SPLAT:  # a long run (a whole plane): a byte loop, i.e. a memset
+                    with k.loop(0, count * stride * g, "gzl") as i:
                         b = k.b
-                        q0 = b.add(b.mul(k.i64(t), k.i64(v)), k.i64(lo))
-                        q0 = b.select(b.icmp_signed(">", q0, k.i64(hi - v)), k.i64(hi - v), q0)
-                        iw0 = b.add(b.mul(q0, k.i64(sw)), k.i64(-self.pads[1]))
-                        loads = [b.load(b.bitcast(b.gep(src, [iw0], inbounds=True),
-                                                  ir.VectorType(I8, sw * v).as_pointer()), align=1) for src in rows_src]
-                        for bb in bbs:
-                            parts = loads if sw == 1 else [
-                                b.shuffle_vector(ld, ir.Constant(ld.type, None),
-                                                 ir.Constant(ir.VectorType(I32, v), [2 * i + bb for i in range(v)]))
-                                for ld in loads]
-                            words = _interleave(b, parts)
-                            if flip:
-                                words = b.xor(words, ir.Constant(words.type, [0x80] * (g * v)))
-                            at, _, _ = self._source(k, a, bb, r, q0)
-                            b.store(words, b.bitcast(b.gep(base, [b.mul(at, k.i64(g))], inbounds=True),
-                                                     words.type.as_pointer()), align=1)
-                elif hi > lo:
-                    with nest(k, [(lo, hi)], names=["gq"]) as (q,):
-                        b = k.b
-                        for bb in bbs:
-                            at, ih_, iw = self._source(k, a, bb, r, k.i64(q))
-                            for e, c in enumerate(chans):
-                                val = x.load([n, c, ih_, iw])
+                        live = b.icmp_signed("<", b.urem(k.i64(i), k.i64(stride * g)), k.i64(nbytes))
+                        with b.if_then(live):
+                            b.store(value, b.gep(base, [b.add(k.i64(start * g), k.i64(i))], inbounds=True))
+                    continue
+                fill_vec = splat(b, value, ir.VectorType(I8, nbytes))
+                with nest(k, [count], names=["gz"]) as (i,):  # one fixed-size store per run
+                    b = k.b
+                    at = b.add(k.i64(start * g), b.mul(k.i64(i), k.i64(stride * g)))
+                    b.store(fill_vec, b.bitcast(b.gep(base, [at], inbounds=True), fill_vec.type.as_pointer()), align=1)
+            chans = [b.add(b.mul(cb, k.i64(g)), k.i64(e)) for e in range(g)]
+            for a, bbs, rows, (lo, hi) in self.copies(h, w):
+                with k.loop(rows[0], rows[1], "gr") as r:
+                    b = k.b
+                    r = k.i64(r)
+                    ih = b.add(b.mul(r, k.i64(sh)), k.i64(a - self.pads[0]))
+                    if hi - lo >= v and (sw == 1 or (sw == 2 and len(bbs) == 2)):
+                        rows_src = [b.bitcast(x.addr([n, c, ih, 0]), i8p) for c in chans]
+                        with k.loop(0, -(-(hi - lo) // v), "gv") as t:
+                            b = k.b
+                            q0 = b.add(b.mul(k.i64(t), k.i64(v)), k.i64(lo))
+                            q0 = b.select(b.icmp_signed(">", q0, k.i64(hi - v)), k.i64(hi - v), q0)
+                            iw0 = b.add(b.mul(q0, k.i64(sw)), k.i64(-self.pads[1]))
+                            loads = [b.load(b.bitcast(b.gep(src, [iw0], inbounds=True),
+                                                      ir.VectorType(I8, sw * v).as_pointer()), align=1)
+                                     for src in rows_src]
+                            for bb in bbs:
+                                parts = loads if sw == 1 else [
+                                    b.shuffle_vector(ld, ir.Constant(ld.type, None),
+                                                     ir.Constant(ir.VectorType(I32, v), [2 * i + bb for i in range(v)]))
+                                    for ld in loads]
+                                words = _interleave(b, parts)
                                 if flip:
-                                    val = b.xor(val, ir.Constant(I8, 0x80))
-                                b.store(val, b.gep(base, [b.add(b.mul(at, k.i64(g)), k.i64(e))], inbounds=True))
+                                    words = b.xor(words, ir.Constant(words.type, [0x80] * (g * v)))
+                                at, _, _ = self._source(k, a, bb, r, q0)
+                                b.store(words, b.bitcast(b.gep(base, [b.mul(at, k.i64(g))], inbounds=True),
+                                                         words.type.as_pointer()), align=1)
+                    elif hi > lo:
+                        with k.loop(lo, hi, "gq") as q:
+                            b = k.b
+                            for bb in bbs:
+                                at, ih_, iw = self._source(k, a, bb, r, k.i64(q))
+                                for e, c in enumerate(chans):
+                                    val = x.load([n, c, ih_, iw])
+                                    if flip:
+                                        val = b.xor(val, ir.Constant(I8, 0x80))
+                                    b.store(val, b.gep(base, [b.add(b.mul(at, k.i64(g)), k.i64(e))], inbounds=True))
+
+    #: longest border run (bytes) set by one vector store
+    MAX_SPLAT = 512
 
     #: columns per vector step of a two-phase copy (one 32-byte load split into its even and odd bytes)
     SPLIT = 16
@@ -271,6 +324,20 @@ class _Flat:
                 for bb in bbs:
                     at, ih, iw = self._source(k, a, bb, r, k.i64(q))
                     k.b.store(x.load([n, c, ih, iw]), k.b.gep(dst, [at], inbounds=True))
+
+
+def _strided(runs: list[tuple[int, int]]) -> list[tuple[int, int, int, int]]:
+    """``(offset, length)`` runs as ``(offset, length, count, stride)``: consecutive runs of
+    one length at one spacing (a plane's per-row pads) folded into one."""
+    out: list[tuple[int, int, int, int]] = []
+    for off, length in runs:
+        if out:
+            o, n, c, st = out[-1]
+            if n == length and (c == 1 or off - (o + (c - 1) * st) == st):
+                out[-1] = (o, n, c + 1, off - o if c == 1 else st)
+                continue
+        out.append((off, length, 1, 0))
+    return out
 
 
 def _interleave(b: ir.IRBuilder, parts: list[ir.Value]) -> ir.Value:
@@ -520,7 +587,7 @@ class _IntegerConv(IntegerKernel):
         x_signed = ins[self.X].type.dtype == "int8"
         if in_place:
             xq = next(temps)
-            flat.fill_grouped(k, x, xq, ir.Constant(I8, cor.zx.at(0) & 0xFF) if zx_buf is None else zx_buf.load([0]),
+            flat.fill_grouped(k, x, xq, ir.Constant(I8, cor.zx.at(0) & 0xFF) if zx_buf is None else None, zx_buf,
                               blk.group, x_signed)
             plane_set = flat.plane_set
         elif flat.copy:

@@ -268,6 +268,31 @@ def test_qlinear_conv_in_place(case: tuple, xdt: type, variant: str, monkeypatch
     _exact(built.run(feeds)["y"], onnxruntime_run(model, feeds)["y"])
 
 
+@pytest.mark.parametrize("size,kernel,strides,pads", [((56, 56), (3, 3), (1, 1), (1, 1, 1, 1)),
+                                                      ((9, 37), (3, 3), (2, 2), (1, 1, 1, 1)),
+                                                      ((6, 40), (3, 3), (1, 2), (1, 2, 0, 1)),
+                                                      ((7, 7), (5, 5), (3, 3), (4, 0, 0, 4)),
+                                                      ((4, 4), (1, 1), (2, 2), (0, 0, 0, 0))])
+def test_flat_border_and_copies_tile_the_planes(size: tuple, kernel: tuple, strides: tuple, pads: tuple) -> None:
+    """Every element of a channel's phase planes is set exactly once: by the border fill
+    (folded into strided runs as emitted) or by the copy of an input element."""
+    from polyml.kernels.conv import Window
+    from polyml.kernels.qlinear_conv import _Flat, _strided
+
+    out = tuple((n + pads[d] + pads[d + 2] - kernel[d]) // strides[d] + 1 for d, n in enumerate(size))
+    flat = _Flat.of(Window(size, kernel, strides, (1, 1), pads[:2], pads[2:], out))
+    hits = np.zeros(flat.plane_set, np.int64)
+    for off, length, count, stride in _strided(flat.border(*size)):
+        for i in range(count):
+            hits[off + i * stride: off + i * stride + length] += 1
+    for a, bbs, (r0, r1), (c0, c1) in flat.copies(*size):
+        for bb in bbs:
+            plane = (a * flat.strides[1] + bb) * flat.rows * flat.pitch
+            for r in range(r0, r1):
+                hits[plane + r * flat.pitch + c0: plane + r * flat.pitch + c1] += 1
+    assert (hits == 1).all()
+
+
 def test_qlinear_conv_clip_and_weight_zero_point() -> None:
     """``polyml_clip`` (a fused Relu: y ≥ y_zp) on the GEMM path, and nonzero weight zero points
     (the direct path), against onnxruntime's QLinearConv."""
