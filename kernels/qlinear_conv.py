@@ -501,7 +501,7 @@ class _IntegerConv(IntegerKernel):
         if self.use_gemm(node, ins):
             units, mg, p, kk, _ = self._gemm_dims(node, ins)
             t = [TensorType((units * mg, p) if igemm.needs_c(kk) else (1,), "int32"),
-                 TensorType((-(-igemm.scratch_size(units, mg, p, kk) // 4),), "int32")]
+                 TensorType((-(-igemm.scratch_size(units, mg, p, kk, packs_x=not self.in_place(node, ins)) // 4),), "int32")]
             win = self.geometry(node, ins)[0]
             flat = _Flat.of(win)
             x = ins[self.X].type
