@@ -299,11 +299,12 @@ def store_output(b: ir.IRBuilder, acc: ir.Value, out_ptr: ir.Value, multiplier: 
                  requant: Requant | None) -> None:
     """Store a corrected accumulator at ``out_ptr`` (an ``i8*`` or typed pointer): int32 as
     is, or requantized with its row's ``multiplier`` (float32).  ``acc`` may be a vector of
-    consecutive outputs (one multiplier for all)."""
+    consecutive outputs (one multiplier for all, or a vector of one per output)."""
     if requant is None:
         b.store(acc, b.bitcast(out_ptr, acc.type.as_pointer()), align=4)
         return
     fty = ir.VectorType(F32, acc.type.count) if isinstance(acc.type, ir.VectorType) else F32
-    q = quantize_value(b, b.fmul(b.sitofp(acc, fty), splat(b, multiplier, fty)), like(fty, float(requant.zero_point)),
+    mult = multiplier if isinstance(multiplier.type, ir.VectorType) else splat(b, multiplier, fty)
+    q = quantize_value(b, b.fmul(b.sitofp(acc, fty), mult), like(fty, float(requant.zero_point)),
                        requant.dtype, requant.lo, requant.hi)
     b.store(q, b.bitcast(out_ptr, q.type.as_pointer()), align=1)

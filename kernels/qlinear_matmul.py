@@ -42,7 +42,7 @@ from polyml.kernels.matmul import MatMul, prefer_wide_vectors, view
 
 from polyml.codegen import gemm as packed
 from polyml.codegen import igemm
-from polyml.codegen.builder import I32, Buffer, KernelBuilder
+from polyml.codegen.builder import F32, I32, Buffer, KernelBuilder, splat
 from polyml.codegen.quant import to_i32
 from polyml.errors import ShapeError
 from polyml.graph import Node, TensorType
@@ -52,6 +52,11 @@ GEMM_MIN_ROWS = 8
 GEMM_MIN_MACS = 1 << 15
 
 I64 = ir.IntType(64)
+I8P = ir.IntType(8).as_pointer()
+#: columns per parallel iteration of the one-row product (four 16-lane accumulators)
+GEMV_BLOCK = 64
+#: one-row products narrower than this stay plain nests
+GEMV_MIN_COLUMNS = 16
 
 
 class _IntegerProduct(IntegerKernel):
@@ -89,6 +94,20 @@ class _IntegerProduct(IntegerKernel):
         rows = math.prod(batch) * m
         return (rows, n, kk) if rows >= GEMM_MIN_ROWS and rows * n * kk >= GEMM_MIN_MACS else None
 
+    def gemv_dims(self, node: Node, ins: list[Operand | None]) -> tuple[int, int] | None:
+        """(N, K) when a one-row product runs on :meth:`_gemv`: a host build with VNNI, one
+        constant B, K whole groups of 4, zero points that fold into one constant per column."""
+        batch, m, n, kk, _ = self.dims(node, ins)
+        sb = ins[self.B].type.shape
+        if (not packed.enabled() or ins[self.B].value is None or len(sb) < 2 or math.prod(sb[:-2]) != 1
+                or math.prod(batch) * m != 1 or kk % 4 or n < GEMV_MIN_COLUMNS):
+            return None
+        blk = igemm.blocking_for_host()
+        if blk.variant != "vnni":
+            return None
+        cor = self.corrections(node, ins, n, kk, blk)
+        return (n, kk) if cor.constant_rb and not cor.needs_cx else None
+
     def corrections(self, node: Node, ins: list[Operand | None], n: int, kk: int,
                     blk: igemm.IBlocking) -> Corrections:
         w, x = ins[self.B].type.dtype, ins[self.A].type.dtype
@@ -104,11 +123,14 @@ class _IntegerProduct(IntegerKernel):
 
     def describe(self, node: Node, ins: list[Operand | None], outs: list[TensorType]) -> str:
         sa, sb = ins[self.A].type.shape, ins[self.B].type.shape
-        how = f"igemm {igemm.blocking_for_host().variant}" if self.gemm_dims(node, ins) else "nests"
+        how = (f"igemm {igemm.blocking_for_host().variant}" if self.gemm_dims(node, ins)
+               else "gemv vnni" if self.gemv_dims(node, ins) else "nests")
         return f"{sa} {ins[self.A].type.dtype} @ {sb} {ins[self.B].type.dtype} {how}"
 
     def temps(self, node: Node, ins: list[Operand | None], outs: list[TensorType]) -> list[TensorType]:
         dims = self.gemm_dims(node, ins)
+        if self.gemv_dims(node, ins):
+            return []
         if dims is None:
             return [] if outs[0].dtype == "int32" else [TensorType(outs[0].shape, "int32")]
         rows, n, kk = dims
@@ -125,6 +147,14 @@ class _IntegerProduct(IntegerKernel):
     def constants(self, node: Node, ins: list[Operand | None]) -> list[np.ndarray]:
         """Constant B pre-packed as the weight side (its transpose, converted for the
         micro-kernel) when the product runs on the integer GEMM."""
+        gemv = self.gemv_dims(node, ins)
+        if gemv is not None:  # B as [K/4][N padded to whole blocks][4] bytes, converted
+            n, kk = gemv
+            bm = np.asarray(ins[self.B].value).reshape(kk, n)
+            conv = igemm.convert_np(bm, igemm.blocking_for_host(), ins[self.B].type.dtype == "int8", "w")
+            packed_b = np.zeros((kk // 4, -(-n // GEMV_BLOCK) * GEMV_BLOCK, 4), np.int8)
+            packed_b[:, :n, :] = conv.reshape(kk // 4, 4, n).transpose(0, 2, 1)
+            return [packed_b.reshape(-1).view(np.int32)]
         dims = self.gemm_dims(node, ins)
         if dims is None or ins[self.B].value is None:
             return []
@@ -143,7 +173,10 @@ class _IntegerProduct(IntegerKernel):
         prefer_wide_vectors(k.fn)
         ins = self._operands(k)
         dims = self.gemm_dims(k.node, ins)
-        if dims is None:
+        gemv = self.gemv_dims(k.node, ins)
+        if gemv is not None:
+            self._gemv(k, ins, *gemv)
+        elif dims is None:
             self._nests(k, ins)
         else:
             self._gemm(k, ins, *dims)
@@ -199,6 +232,66 @@ class _IntegerProduct(IntegerKernel):
                                pack_x=igemm.transposed_packer(1, kk, kk, rows, blk, a_dtype == "int8"),
                                prepacked_w=prepacked, epilogue_cols_outer=True)
         igemm.emit(k, spec, operands, c if igemm.needs_c(kk) else None, scratch)
+
+    def _gemv(self, k: KernelBuilder, ins: list[Operand | None], n: int, kk: int) -> None:
+        """``y = a · B`` for one row ``a``: per block of :data:`GEMV_BLOCK` columns (the
+        parallel loop), ``GEMV_BLOCK/16`` int32 vector accumulators, per group of 4 reduction
+        elements one broadcast word of ``a`` and one ``vpdpbusd`` per vector of pre-packed B,
+        then the constant per-column correction and the requantization on whole vectors (the
+        last, partial vector column by column).  B streams once, at the memory's rate."""
+        blk = igemm.blocking_for_host()
+        cor = self.corrections(k.node, ins, n, kk, blk)
+        rq = self.requant(k.node, ins, n)
+        tables = Tables(k.module, k.fn.name)
+        rb_t = tables.i32(cor.rb(), "rb")
+        mult_t = tables.f32(rq.multipliers, "mult") if rq is not None else None
+        a = view(k, k.inputs[self.A], (kk,))
+        y = view(k, k.outputs[0], (n,))
+        bp = k.constants[0]
+        npad = -(-n // GEMV_BLOCK) * GEMV_BLOCK
+        vectors = GEMV_BLOCK // 16
+        vec = ir.VectorType(I32, 16)
+        dp = igemm.vpdpbusd(k.module)
+        flip = ins[self.A].type.dtype == "int8"
+        out_bytes = 4 if rq is None else 1
+        with k.parallel_loop(0, npad // GEMV_BLOCK, "gemv") as jb:
+            b = k.b
+            j0 = b.mul(k.i64(jb), k.i64(GEMV_BLOCK))
+            slots = [k.entry_alloca(vec, f"acc{v}") for v in range(vectors)]
+            for slot in slots:
+                b.store(ir.Constant(vec, [0] * 16), slot)
+            a_words = b.bitcast(a.ptr, I32.as_pointer())
+            b_words = b.bitcast(bp.ptr, I32.as_pointer())
+            with k.loop(0, kk // 4, "q") as q:
+                b = k.b
+                word = b.load(b.gep(a_words, [k.i64(q)], inbounds=True), align=1)
+                if flip:  # int8 activations as vpdpbusd's unsigned bytes (the shift is in rb)
+                    word = b.xor(word, ir.Constant(I32, 0x80808080 - (1 << 32)))
+                bcast = splat(b, word, vec)
+                row = b.add(b.mul(k.i64(q), k.i64(npad)), j0)
+                for v, slot in enumerate(slots):
+                    wv = b.load(b.bitcast(b.gep(b_words, [b.add(row, k.i64(16 * v))], inbounds=True), vec.as_pointer()),
+                                align=4)
+                    b.store(b.call(dp, [b.load(slot), bcast, wv]), slot)
+            b = k.b
+            for v, slot in enumerate(slots):
+                j = b.add(j0, k.i64(16 * v))
+                acc = b.load(slot)
+                with b.if_else(b.icmp_signed("<=", b.add(j, k.i64(16)), k.i64(n))) as (whole, part):
+                    with whole:
+                        rb = b.load(b.bitcast(b.gep(rb_t, [k.i64(0), j], inbounds=True), vec.as_pointer()), align=4)
+                        m = None
+                        if mult_t is not None:
+                            fvec = ir.VectorType(F32, 16)
+                            m = b.load(b.bitcast(b.gep(mult_t, [k.i64(0), j], inbounds=True), fvec.as_pointer()), align=4)
+                        store_output(b, b.add(acc, rb), b.gep(b.bitcast(y.ptr, I8P), [b.mul(j, k.i64(out_bytes))]), m, rq)
+                    with part:
+                        for lane in range(16):
+                            jl = b.add(j, k.i64(lane))
+                            with b.if_then(b.icmp_signed("<", jl, k.i64(n))):
+                                val = b.add(b.extract_element(acc, ir.Constant(I32, lane)), tables.load(b, rb_t, jl))
+                                store_output(b, val, b.gep(b.bitcast(y.ptr, I8P), [b.mul(jl, k.i64(out_bytes))]),
+                                             tables.load(b, mult_t, jl) if mult_t is not None else None, rq)
 
     def _nests(self, k: KernelBuilder, ins: list[Operand | None]) -> None:
         """``acc[β][i][j] += (A - zA)(B - zB[j])`` (loops β, i, k, j), then the output."""

@@ -147,6 +147,41 @@ def test_qlinear_matmul(variant: str, shape: tuple[int, int, int], monkeypatch) 
     _exact(_polyml(model, feeds), ref)
 
 
+#: one-row products on the VNNI matrix-vector kernel: whole 64-column blocks, a partial last
+#: vector (N = 1000, a classifier), fewer columns than a block, int8 activations (the flip),
+#: per-column scales, a clipped bias (polyml's quantized Gemm), and a 3-D row
+GEMV_CASES = [((1, 128), (128, 192), np.uint8, False), ((1, 512), (512, 1000), np.uint8, True),
+              ((1, 1, 36), (36, 21), np.int8, True), ((1, 64), (64, 45), np.int8, False)]
+
+
+@pytest.mark.parametrize("case", GEMV_CASES, ids=[f"{c[0]}x{c[1]}-{c[2].__name__}" for c in GEMV_CASES])
+def test_qlinear_matmul_one_row(case: tuple, tmp_path: Path) -> None:
+    sa, sb, adt, per_column = case
+    rng = np.random.default_rng(12)
+    a, b = _ints(rng, sa, adt), _ints(rng, sb, np.int8)
+    n = sb[-1]
+    scale = (rng.uniform(0.5, 1.5, n) * 2e-3).astype(np.float32) if per_column else np.array(0.002, np.float32)
+    zp = np.zeros(n if per_column else (), np.int8)
+    model, feeds = _qlmm(a, b, scale, zp, 0.02 * np.sqrt(sb[0] / 64), 120 if adt == np.uint8 else 3, adt)
+    onnx.save(model, str(tmp_path / "m.onnx"))
+    built = polyml_compile(tmp_path / "m.onnx", tmp_path / "b", cache=False, emit=["ll"])
+    text = "".join(p.read_text() for p in (tmp_path / "b").glob("ops.*.ll") if ".opt." not in p.name)
+    assert ("llvm.x86.avx512.vpdpbusd.512" in text) == _host_has_vnni()
+    ref = onnxruntime_run(model, feeds)["y"]
+    lo, hi = np.iinfo(adt).min, np.iinfo(adt).max
+    assert (ref == lo).any() and (ref == hi).any(), "the case should saturate at both ends"
+    _exact(built.run(feeds)["y"], ref)
+
+
+def test_matmul_integer_one_row() -> None:
+    """MatMulInteger (int32 out) with one row on the matrix-vector kernel: a constant A zero
+    point folded per column, int8 activations, a partial last vector."""
+    rng = np.random.default_rng(13)
+    a, b = _ints(rng, (1, 72), np.int8), _ints(rng, (72, 50), np.int8)
+    model, feeds = _mmi_model(a, b, True, np.array(-5, np.int8), np.array(0, np.int8))
+    _exact(_polyml(model, feeds), ReferenceEvaluator(model).run(None, feeds)[0])
+
+
 def test_qlinear_matmul_int8_output_nonzero_b_zero_point() -> None:
     rng = np.random.default_rng(3)
     a, b = _ints(rng, (40, 52), np.int8), _ints(rng, (52, 33), np.int8)
