@@ -300,11 +300,16 @@ def store_output(b: ir.IRBuilder, acc: ir.Value, out_ptr: ir.Value, multiplier: 
     """Store a corrected accumulator at ``out_ptr`` (an ``i8*`` or typed pointer): int32 as
     is, or requantized with its row's ``multiplier`` (float32).  ``acc`` may be a vector of
     consecutive outputs (one multiplier for all, or a vector of one per output)."""
+    q = requantized(b, acc, multiplier, requant)
+    b.store(q, b.bitcast(out_ptr, q.type.as_pointer()), align=1 if requant is not None else 4)
+
+
+def requantized(b: ir.IRBuilder, acc: ir.Value, multiplier: ir.Value | None, requant: Requant | None) -> ir.Value:
+    """What :func:`store_output` stores: the accumulator (int32, no ``requant``) or its
+    requantized 8-bit value (scalars or vectors)."""
     if requant is None:
-        b.store(acc, b.bitcast(out_ptr, acc.type.as_pointer()), align=4)
-        return
+        return acc
     fty = ir.VectorType(F32, acc.type.count) if isinstance(acc.type, ir.VectorType) else F32
     mult = multiplier if isinstance(multiplier.type, ir.VectorType) else splat(b, multiplier, fty)
-    q = quantize_value(b, b.fmul(b.sitofp(acc, fty), mult), like(fty, float(requant.zero_point)),
-                       requant.dtype, requant.lo, requant.hi)
-    b.store(q, b.bitcast(out_ptr, q.type.as_pointer()), align=1)
+    return quantize_value(b, b.fmul(b.sitofp(acc, fty), mult), like(fty, float(requant.zero_point)),
+                          requant.dtype, requant.lo, requant.hi)

@@ -31,7 +31,7 @@ from __future__ import annotations
 import math
 import os
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import llvmlite.ir as ir
 import numpy as np
@@ -45,6 +45,7 @@ from polyml.kernels._integer import (
     Tables,
     ZeroPoint,
     emit_rb,
+    requantized,
     store_output,
     zero_point,
     zp_problem,
@@ -65,6 +66,10 @@ I8 = ir.IntType(8)
 GEMM_MIN_CHANNELS = 8
 GEMM_MIN_REDUCTION = 8
 GEMM_MIN_MACS = 1 << 15
+#: register tile heights of the positions-as-rows product (7 divides 7x7 and 14x14 maps)
+POSITION_TILES = (12, 8, 7)
+#: maps with at most this many output positions run positions-as-rows
+ROWS_MAX_POSITIONS = 196
 
 
 def _view(k: KernelBuilder, buf: Buffer, shape: tuple[int, ...]) -> Buffer:
@@ -482,6 +487,28 @@ class _IntegerConv(IntegerKernel):
         copied = _Flat.of(self.geometry(node, ins)[0]).copy
         return copied and blk.variant == "vnni" and (ins[self.X].type.shape[1] // group) % blk.group == 0
 
+    def rows_blocking(self, node: Node, ins: list[Operand | None]) -> igemm.IBlocking | None:
+        """The blocking of the *positions-as-rows* product when this conv runs it, else None:
+        ``y[:, p]ᵀ = X[p, :] · Wᵀ`` with the exact output positions as the rows (read in place
+        from the interleaved flat input through a table of their offsets, ``IGemmSpec.w_rows``)
+        and the output channels as the vector columns (weights pre-packed as X panels).  No
+        junk columns and no padding of the positions to 32-wide panels: 7x7 maps computed
+        61 flat columns in two panels (64 for 49 outputs), 14x14 224 for 196; the register
+        tile takes the height in :data:`POSITION_TILES` that pads the positions least.  For
+        maps of at most :data:`ROWS_MAX_POSITIONS` outputs and whole vectors of channels
+        (``POLYML_IGEMM_ROWS=0|1`` forces it off or on where possible)."""
+        if not self.in_place(node, ins):
+            return None
+        win, group = self.geometry(node, ins)
+        mg = ins[self.W].type.shape[0] // group
+        p_out = math.prod(win.out)
+        force = os.environ.get("POLYML_IGEMM_ROWS", "")
+        if force == "0" or mg % 32 or (force != "1" and p_out > ROWS_MAX_POSITIONS):
+            return None
+        blk = igemm.blocking_for_host(mg)
+        mr = min(POSITION_TILES, key=lambda r: (-(-p_out // r) * r, -r))
+        return replace(blk, mr=mr, mc=max(mr, blk.mc // mr * mr))
+
     # -- hooks ------------------------------------------------------------------------------
     def policy(self, node: Node, ins: list[Operand | None]) -> str:
         return "off"
@@ -500,9 +527,16 @@ class _IntegerConv(IntegerKernel):
     def temps(self, node: Node, ins: list[Operand | None], outs: list[TensorType]) -> list[TensorType]:
         if self.use_gemm(node, ins):
             units, mg, p, kk, _ = self._gemm_dims(node, ins)
-            t = [TensorType((units * mg, p) if igemm.needs_c(kk) else (1,), "int32"),
-                 TensorType((-(-igemm.scratch_size(units, mg, p, kk, packs_x=not self.in_place(node, ins)) // 4),), "int32")]
             win = self.geometry(node, ins)[0]
+            rows_blk = self.rows_blocking(node, ins)
+            if rows_blk is not None:
+                positions = math.prod(win.out)
+                scratch = igemm.scratch_size(units, positions, mg, kk, packs_x=False, blk=rows_blk)
+                p = positions
+            else:
+                scratch = igemm.scratch_size(units, mg, p, kk, packs_x=not self.in_place(node, ins))
+            t = [TensorType((units * mg, p) if igemm.needs_c(kk) else (1,), "int32"),
+                 TensorType((-(-scratch // 4),), "int32")]
             flat = _Flat.of(win)
             x = ins[self.X].type
             if self.in_place(node, ins):  # a full panel's words past the last column (nr words), and a guard
@@ -510,7 +544,7 @@ class _IntegerConv(IntegerKernel):
                                      + flat.SLACK,), x.dtype))
             elif flat.copy:
                 t.append(TensorType((x.shape[0] * x.shape[1] * flat.plane_set + flat.SLACK,), x.dtype))
-            if flat.pitch != win.out[-1]:  # the output on the plane pitch, then cropped
+            if flat.pitch != win.out[-1] and rows_blk is None:  # the output on the plane pitch, then cropped
                 t.append(TensorType((units * mg * p,), outs[0].dtype))
             if not self.corrections(node, ins, igemm.blocking_for_host()).constant_rb:
                 t.append(TensorType((ins[self.W].type.shape[0],), "int32"))
@@ -536,7 +570,11 @@ class _IntegerConv(IntegerKernel):
             g, cg = blk.group, ins[self.W].type.shape[1]
             w = w.reshape(group, mg, cg // g, g, kk // cg).transpose(0, 1, 2, 4, 3).reshape(group, mg, kk)
         signed = ins[self.W].type.dtype == "int8"
-        out = [np.concatenate([igemm.prepack_w(w[g], blk, signed) for g in range(group)])]
+        rows_blk = self.rows_blocking(node, ins)
+        if rows_blk is not None:  # the weights are the product's X (columns)
+            out = [np.concatenate([igemm.prepack_x(w[g], rows_blk, signed) for g in range(group)])]
+        else:
+            out = [np.concatenate([igemm.prepack_w(w[g], blk, signed) for g in range(group)])]
         rq = self.requant(node, ins, group * mg)
         if rq is not None:
             out.append(rq.multipliers.astype(np.float32))
@@ -570,7 +608,8 @@ class _IntegerConv(IntegerKernel):
         win, group = self.geometry(k.node, ins)
         flat = _Flat.of(win)
         units, mg, ncols, kk, _ = self._gemm_dims(k.node, ins)
-        blk = igemm.blocking_for_host(mg)
+        rows_blk = self.rows_blocking(k.node, ins)
+        blk = rows_blk or igemm.blocking_for_host(mg)
         cor = self.corrections(k.node, ins, blk)
         rq = self.requant(k.node, ins, group * mg)
         x, y = k.inputs[self.X], k.outputs[0]
@@ -597,7 +636,7 @@ class _IntegerConv(IntegerKernel):
         else:
             xq = x
             plane_set = math.prod(win.size)
-        cropped = flat.pitch != win.out[-1]
+        cropped = flat.pitch != win.out[-1] and rows_blk is None
         y_flat = next(temps) if cropped else y
         p_y = ncols if cropped else p_out  # y_flat's columns per channel
         if cor.constant_rb:
@@ -605,9 +644,14 @@ class _IntegerConv(IntegerKernel):
         else:
             rb = next(temps)
             emit_rb(k, cor, rb, None, k.inputs[self.ZX])
-        operands: list[Buffer] = [w_packed, xq, y_flat, rb]
-        strides = [[0, igemm.prepacked_size(mg, kk, blk) // blk.group], [c_all * plane_set, cg * plane_set],
-                   [m_all * p_y, mg * p_y], [0, mg]]
+        if rows_blk is not None:  # the product's W is the input (rows), its X the weights
+            operands: list[Buffer] = [xq, w_packed, y_flat, rb]
+            strides = [[c_all * plane_set, cg * plane_set], [0, igemm.prepacked_size(mg, kk, replace(blk, mr=blk.nr)) // blk.group],
+                       [m_all * p_y, mg * p_y], [0, mg]]
+        else:
+            operands = [w_packed, xq, y_flat, rb]
+            strides = [[0, igemm.prepacked_size(mg, kk, blk) // blk.group], [c_all * plane_set, cg * plane_set],
+                       [m_all * p_y, mg * p_y], [0, mg]]
         mult_at = None
         if mult is not None:
             mult_at = len(operands)
@@ -641,8 +685,39 @@ class _IntegerConv(IntegerKernel):
             dst = b.gep(ops[2], [b.mul(b.add(b.mul(i, ir.Constant(I64, p_y)), j), ir.Constant(I64, out_bytes))])
             store_output(b, v, dst, m, rq)
 
-        spec = igemm.IGemmSpec(mg, ncols, kk, None, None, len(operands), ins[self.W].type.dtype == "int8", x_signed,
-                               epilogue, pack_x=pack_x, prepacked_w=True, vector_epilogue=True, x_offsets=x_offsets)
+        if rows_blk is not None:
+            # row i = output position (oh, ow): its byte offset in a channel block's planes
+            oh, ow = np.divmod(np.arange(p_out, dtype=np.int64), win.out[1])
+            at = (oh * flat.pitch + ow) * blk.group
+            at = np.concatenate([at, np.full(-(-p_out // blk.mr) * blk.mr - p_out, at[-1])])
+            w_rows = (tables.i32(at, "positions"), x_offsets)
+            nr = blk.nr
+
+            def epilogue(b: ir.IRBuilder, ops, i: ir.Value, j: ir.Value, acc: ir.Value) -> None:  # noqa: ANN001, F811
+                """Position ``i``, channel ``j`` (or channels ``j…j+nr``: one requantization of
+                the vector, the outputs stored one by one down the channels' planes)."""
+                lanes = acc.type.count if isinstance(acc.type, ir.VectorType) else 1
+                rb_p = b.gep(b.bitcast(ops[3], I32.as_pointer()), [j])
+                v = b.add(acc, b.load(b.bitcast(rb_p, acc.type.as_pointer()), align=4))
+                m = None
+                if mult_at is not None:
+                    m_p = b.gep(b.bitcast(ops[mult_at], F32.as_pointer()), [j])
+                    m = b.load(b.bitcast(m_p, (ir.VectorType(F32, lanes) if lanes > 1 else F32).as_pointer()), align=4)
+                if lanes == 1:
+                    store_output(b, v, b.gep(ops[2], [b.mul(b.add(b.mul(j, ir.Constant(I64, p_y)), i),
+                                                            ir.Constant(I64, out_bytes))]), m, rq)
+                    return
+                q = requantized(b, v, m, rq)
+                base = b.bitcast(b.gep(ops[2], [b.mul(b.add(b.mul(j, ir.Constant(I64, p_y)), i), ir.Constant(I64, out_bytes))]),
+                                 q.type.element.as_pointer())
+                for c in range(nr):
+                    b.store(b.extract_element(q, ir.Constant(I32, c)), b.gep(base, [ir.Constant(I64, c * p_y)]))
+
+            spec = igemm.IGemmSpec(p_out, mg, kk, None, None, len(operands), ins[self.W].type.dtype == "int8", x_signed,
+                                   epilogue, vector_epilogue=True, w_rows=w_rows, blocking=blk)
+        else:
+            spec = igemm.IGemmSpec(mg, ncols, kk, None, None, len(operands), ins[self.W].type.dtype == "int8", x_signed,
+                                   epilogue, pack_x=pack_x, prepacked_w=True, vector_epilogue=True, x_offsets=x_offsets)
         igemm.emit(k, spec, operands, c_temp if igemm.needs_c(kk) else None, scratch, batch=(n_, group), strides=strides)
         if cropped:  # y[n][m][oh][ow] = y_flat[n][m][oh·Wq + ow]: one fixed-size memcpy per row
             src = _view(k, y_flat, (n_ * m_all, ncols))

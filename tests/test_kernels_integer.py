@@ -303,6 +303,45 @@ def test_qlinear_conv_in_place(case: tuple, xdt: type, variant: str, monkeypatch
     _exact(built.run(feeds)["y"], onnxruntime_run(model, feeds)["y"])
 
 
+#: the positions-as-rows product (exact output positions as register-tile rows, channels as
+#: the vector columns): 7-, 8- and 12-row tiles with a partial last tile, stride 2, batch 2,
+#: two groups, 1x1/2, many channels, uint8/int8 activations, one and several reduction blocks
+ROWS_CASES = [
+    ((1, 16, 7, 7), (64, 16, 3, 3), {"pads": [1, 1, 1, 1]}),
+    ((2, 8, 9, 11), (32, 8, 3, 3), {"pads": [1, 1, 1, 1], "strides": [2, 2]}),
+    ((1, 16, 6, 6), (64, 8, 3, 3), {"group": 2, "pads": [1, 0, 1, 2]}),
+    ((1, 32, 10, 9), (96, 32, 1, 1), {"strides": [2, 2]}),
+    ((1, 20, 5, 13), (32, 20, 3, 3), {"pads": [1, 1, 1, 1]}),
+]
+
+
+@pytest.mark.parametrize("variant", ["", *MULTI_BLOCK[:1]])
+@pytest.mark.parametrize("xdt", [np.uint8, np.int8])
+@pytest.mark.parametrize("case", ROWS_CASES, ids=[f"{c[0]}-{c[1]}" for c in ROWS_CASES])
+def test_qlinear_conv_positions_as_rows(case: tuple, xdt: type, variant: str, monkeypatch, tmp_path: Path) -> None:
+    if not _host_has_vnni():
+        pytest.skip("the positions-as-rows product is the VNNI GEMM's")
+    if variant:
+        monkeypatch.setenv("POLYML_IGEMM", variant)
+    xs, ws, attrs = case
+    model, feeds = _qconv(np.random.default_rng(14), xs, ws, xdt=xdt, **attrs)
+    onnx.save(model, str(tmp_path / "m.onnx"))
+    built = polyml_compile(tmp_path / "m.onnx", tmp_path / "b", cache=False, emit=["ll"])
+    text = "".join(p.read_text() for p in (tmp_path / "b").glob("ops.*.ll") if ".opt." not in p.name)
+    assert ".rows" in text
+    _exact(built.run(feeds)["y"], onnxruntime_run(model, feeds)["y"])
+
+
+def test_conv_integer_positions_as_rows() -> None:
+    """ConvInteger (int32 out) on the positions-as-rows product, a run-time x zero point."""
+    rng = np.random.default_rng(15)
+    x, w = _ints(rng, (1, 8, 7, 6), np.uint8), _ints(rng, (32, 8, 3, 3), np.int8)
+    feeds = {"x": x, "x_zp": np.array(131, np.uint8)}
+    model = _model("ConvInteger", feeds, {"w": w, "w_zp": np.array(0, np.int8)}, ["x", "w", "x_zp", "w_zp"],
+                   TensorProto.INT32, pads=[1, 1, 1, 1])
+    _exact(_polyml(model, feeds), ReferenceEvaluator(model).run(None, feeds)[0])
+
+
 @pytest.mark.parametrize("size,kernel,strides,pads", [((56, 56), (3, 3), (1, 1), (1, 1, 1, 1)),
                                                       ((9, 37), (3, 3), (2, 2), (1, 1, 1, 1)),
                                                       ((6, 40), (3, 3), (1, 2), (1, 2, 0, 1)),

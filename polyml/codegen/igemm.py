@@ -227,11 +227,19 @@ class IGemmSpec:
     #: at byte ``x_offsets[q]`` (a private i32 table) from column 0's, so that a panel is one
     #: run of ``nr`` words (a convolution's channel-interleaved flat input: :func:`micro_kernel`)
     x_offsets: ir.GlobalVariable | None = None
+    #: W's rows read in place (``(rows, groups)``, two private i32 tables): operand 0 holds the
+    #: rows' bytes (unsigned, the activations of a convolution whose rows are its output
+    #: positions), row ``i``'s word of group ``q`` at byte ``groups[q] + rows[i]`` (``rows``
+    #: padded to whole register tiles); operand 1 is X pre-packed (:func:`prepack_x`, the
+    #: weights as the columns)
+    w_rows: tuple[ir.GlobalVariable, ir.GlobalVariable] | None = None
+    #: the blocking (default: :func:`blocking_for_host` of M)
+    blocking: IBlocking | None = None
 
     def __post_init__(self) -> None:
-        if self.load_x is None and self.pack_x is None and self.x_offsets is None:
+        if self.load_x is None and self.pack_x is None and self.x_offsets is None and self.w_rows is None:
             raise ValueError("IGemmSpec: X needs a load_x, a pack_x or x_offsets")
-        if self.load_w is None and not self.prepacked_w:
+        if self.load_w is None and not self.prepacked_w and self.w_rows is None:
             raise ValueError("IGemmSpec: W needs a load_w unless it is pre-packed")
 
 
@@ -306,6 +314,13 @@ def pack_w_elements(w: np.ndarray, blk: IBlocking, signed: bool) -> np.ndarray:
     return np.concatenate(parts) if parts else np.zeros(0, conv.dtype)
 
 
+def prepack_x(xt: np.ndarray, blk: IBlocking, signed: bool) -> np.ndarray:
+    """Constant ``X`` given as ``Xᵀ`` (N×K) in the block function's X panel order (``nr``
+    columns a panel, ``[p/g][jj][p%g]``, per ``kc`` block), int32 words, W's conversion
+    (``w_rows`` products: X is the signed side)."""
+    return pack_w_elements(xt, replace(blk, mr=blk.nr), signed).view(np.int32)
+
+
 def prepacked_size(m: int, k: int, blk: IBlocking) -> int:
     """Elements of :func:`prepack_w`'s array."""
     return _round_up(m, blk.mr) * _round_up(k, blk.group)  # every block but the last is whole groups
@@ -333,16 +348,20 @@ def vpdpbusd(module: ir.Module) -> ir.Function:
     return module.globals.get(name) or ir.Function(module, ir.FunctionType(vec, [vec, vec, vec]), name)
 
 
-def micro_kernel(module: ir.Module, blk: IBlocking, attrs: Sequence[str], in_place: bool = False) -> ir.Function:
-    """``ukernel(kq, Wp, Xp, C, ldc, accumulate[, offsets])``: one ``mr × nr`` int32 tile of C.
+def micro_kernel(module: ir.Module, blk: IBlocking, attrs: Sequence[str], in_place: bool = False,
+                 rows_in_place: bool = False) -> ir.Function:
+    """``ukernel(kq, Wp, Xp, C, ldc, accumulate[, offsets[, base]])``: one ``mr × nr`` int32 tile of C.
 
     ``Wp`` is a packed W panel of ``kq`` groups × ``mr`` rows (one int32 of ``g`` elements per
     row and group), ``Xp`` an X panel of ``kq`` groups × ``nr`` columns (``in_place``: group
-    ``q``'s ``nr`` words start ``offsets[q]`` bytes after ``Xp``, see ``IGemmSpec.x_offsets``).
-    Per group the kernel loads ``nr/w`` X vectors, broadcasts each row's int32 of W and updates
-    ``mr·nr/w`` vector accumulators (``vpdpbusd`` or the ``madd`` sequence), then stores (or
-    adds) the tile into C (int32, row stride ``ldc``)."""
-    name = f"polyml.iukernel.{blk.variant}.{blk.mr}x{blk.nr}w{blk.width}{'.inplace' if in_place else ''}"
+    ``q``'s ``nr`` words start ``offsets[q]`` bytes after ``Xp``, see ``IGemmSpec.x_offsets``;
+    ``rows_in_place``: ``Wp`` holds the tile's ``mr`` row offsets instead, row ``r``'s word of
+    group ``q`` at byte ``base + offsets[q] + Wp[r]``, and W is the unsigned side, see
+    ``IGemmSpec.w_rows``).  Per group the kernel loads ``nr/w`` X vectors, broadcasts each
+    row's int32 of W and updates ``mr·nr/w`` vector accumulators (``vpdpbusd`` or the ``madd``
+    sequence), then stores (or adds) the tile into C (int32, row stride ``ldc``)."""
+    tag = ".inplace" if in_place else ".rows" if rows_in_place else ""
+    name = f"polyml.iukernel.{blk.variant}.{blk.mr}x{blk.nr}w{blk.width}{tag}"
     existing = module.globals.get(name)
     if existing is not None:
         return existing
@@ -350,11 +369,11 @@ def micro_kernel(module: ir.Module, blk: IBlocking, attrs: Sequence[str], in_pla
     vec = ir.VectorType(I32, w)
     if blk.variant == "madd" and w == 16:
         attrs = _without_vnni(attrs)
-    fn = _function(module, name, [I64, I32P, I32P, I32P, I64, ir.IntType(1), *([I32P] if in_place else [])], attrs,
-                   w == 16)
+    extra = [I32P] if in_place else [I32P, I8P] if rows_in_place else []
+    fn = _function(module, name, [I64, I32P, I32P, I32P, I64, ir.IntType(1), *extra], attrs, w == 16)
     fn.linkage = "internal"
     kq, wp, xp, c, ldc, accumulate = fn.args[:6]
-    offsets = fn.args[6] if in_place else None
+    offsets = fn.args[6] if in_place or rows_in_place else None
     for a in (wp, xp, c):
         a.add_attribute("noalias")
     b = ir.IRBuilder(fn.append_basic_block("entry"))
@@ -363,7 +382,8 @@ def micro_kernel(module: ir.Module, blk: IBlocking, attrs: Sequence[str], in_pla
         dp = vpdpbusd(module)
 
         def update(acc: ir.Value, wv: ir.Value, xv: ir.Value) -> ir.Value:
-            return b.call(dp, [acc, xv, wv])  # (acc, unsigned bytes, signed bytes)
+            # (acc, unsigned bytes, signed bytes): X is unsigned, or W where its rows are activations
+            return b.call(dp, [acc, wv, xv] if rows_in_place else [acc, xv, wv])
     else:
         v16 = ir.VectorType(I16, 2 * w)
         wide = ir.VectorType(I32, 2 * w)
@@ -375,18 +395,29 @@ def micro_kernel(module: ir.Module, blk: IBlocking, attrs: Sequence[str], in_pla
             prod = b.mul(b.sext(b.bitcast(wv, v16), wide), b.sext(b.bitcast(xv, v16), wide), flags=["nsw"])
             pair = b.add(b.shuffle_vector(prod, undef_wide, even), b.shuffle_vector(prod, undef_wide, odd), flags=["nsw"])
             return b.add(acc, pair)
+    row_offsets = []
+    if rows_in_place:  # the tile's row offsets, loaded once
+        base = fn.args[7]
+        row_offsets = [b.sext(b.load(b.gep(wp, [_c(r)], inbounds=True), align=4), I64) for r in range(blk.mr)]
+
     def step(q: ir.Value, accs: list[list[ir.Value]]) -> list[list[ir.Value]]:
-        if offsets is None:
+        if offsets is None or rows_in_place:
             x_row = b.gep(xp, [b.mul(q, _c(blk.nr), flags=["nsw"])], inbounds=True)
         else:
             at = b.sext(b.load(b.gep(offsets, [q], inbounds=True), align=4), I64)
             x_row = b.bitcast(b.gep(b.bitcast(xp, I8P), [at], inbounds=True), I32P)
         x_vecs = [b.load(b.bitcast(b.gep(x_row, [_c(v * w)], inbounds=True), vec.as_pointer()), align=4)
                   for v in range(blk.vectors)]
-        w_row = b.gep(wp, [b.mul(q, _c(blk.mr), flags=["nsw"])], inbounds=True)
+        if rows_in_place:
+            group = b.gep(base, [b.sext(b.load(b.gep(offsets, [q], inbounds=True), align=4), I64)], inbounds=True)
+        else:
+            w_row = b.gep(wp, [b.mul(q, _c(blk.mr), flags=["nsw"])], inbounds=True)
         new_accs = []
         for r in range(blk.mr):
-            wval = b.load(b.gep(w_row, [_c(r)], inbounds=True), align=4)
+            if rows_in_place:
+                wval = b.load(b.bitcast(b.gep(group, [row_offsets[r]], inbounds=True), I32P), align=1)
+            else:
+                wval = b.load(b.gep(w_row, [_c(r)], inbounds=True), align=4)
             wvec = splat(b, wval, vec)
             new_accs.append([update(accs[r][v], wvec, x_vecs[v]) for v in range(blk.vectors)])
         return new_accs
@@ -541,7 +572,8 @@ def block_function(module: ir.Module, name: str, spec: IGemmSpec, blk: IBlocking
     micro-kernel), C an int32 buffer of the product's shape; after a tile's last ``kc`` block
     the epilogue consumes its accumulators."""
     in_place = spec.x_offsets is not None
-    ukernel = micro_kernel(module, blk, attrs, in_place)
+    rows_mode = spec.w_rows is not None
+    ukernel = micro_kernel(module, blk, attrs, in_place, rows_mode)
     args = [I8P] * spec.operands + [I32P, I8P, I64, I64, I64, I64]
     fn = _function(module, name, args, attrs, blk.width == 16)
     fn.attributes.add("noinline")
@@ -579,6 +611,11 @@ def block_function(module: ir.Module, name: str, spec: IGemmSpec, blk: IBlocking
                 offsets = b.gep(spec.x_offsets, [_c(0), b.sdiv(pc, _c(g))], inbounds=True)
                 x_cols = b.gep(ops[1], [b.mul(jc, _c(g * blk.elem_bytes))], inbounds=True)
                 extra = [offsets]
+            elif rows_mode:  # this block's groups' offsets from W's rows; X's panels pre-packed
+                offsets = b.gep(spec.w_rows[1], [_c(0), b.sdiv(pc, _c(g))], inbounds=True)
+                x_block = b.gep(b.bitcast(ops[1], eptr), [b.add(b.mul(pc, _c(_round_up(spec.n, nr))), b.mul(jc, kcp))],
+                                inbounds=True)
+                extra = [offsets, ops[0]]
             else:
                 extra = []
                 with for_range(b, 0, panels_n, name="pack_x.jp") as jp:
@@ -593,7 +630,9 @@ def block_function(module: ir.Module, name: str, spec: IGemmSpec, blk: IBlocking
                 ic = b.add(m0, b.mul(icb, _c(blk.mc)))
                 mc = _min(b, _c(blk.mc), b.sub(m1, ic))
                 panels_m = b.sdiv(b.add(mc, _c(mr - 1)), _c(mr))
-                if spec.prepacked_w:  # block pc of the constant: W + pc*Mpad + ic*kcp
+                if rows_mode:
+                    w_block = None
+                elif spec.prepacked_w:  # block pc of the constant: W + pc*Mpad + ic*kcp
                     w_block = b.gep(b.bitcast(ops[0], eptr), [b.add(b.mul(pc, _c(mpad)), b.mul(ic, kcp))], inbounds=True)
                 else:
                     w_block = w_pack
@@ -603,13 +642,18 @@ def block_function(module: ir.Module, name: str, spec: IGemmSpec, blk: IBlocking
                     cols = _min(b, _c(nr), b.sub(nc, jr))
                     if in_place:
                         xp = b.bitcast(b.gep(x_cols, [b.mul(jr, _c(g * blk.elem_bytes))], inbounds=True), I32P)
+                    elif rows_mode:
+                        xp = b.bitcast(b.gep(x_block, [b.mul(jr, kcp)], inbounds=True), I32P)
                     else:
                         xp = b.bitcast(b.gep(x_pack, [b.mul(jr, kcp)], inbounds=True), I32P)
                     with for_range(b, 0, panels_m, name="ir") as ipn:
                         ir_ = b.mul(ipn, _c(mr))
                         rows = _min(b, _c(mr), b.sub(mc, ir_))
-                        wp = b.bitcast(b.gep(w_block, [b.mul(ir_, kcp)], inbounds=True), I32P)
                         i0 = b.add(ic, ir_)
+                        if rows_mode:  # the tile's row offsets
+                            wp = b.gep(spec.w_rows[0], [_c(0), i0], inbounds=True)
+                        else:
+                            wp = b.bitcast(b.gep(w_block, [b.mul(ir_, kcp)], inbounds=True), I32P)
                         j0 = b.add(jc, jr)
                         if single:  # the whole reduction in one call: through the stack tile
                             b.call(ukernel, [kq, wp, xp, tile, _c(nr), ir.Constant(ir.IntType(1), 0), *extra])
@@ -719,9 +763,10 @@ def plan(count: int, m: int, n: int, k: int, parallel: bool = True, blk: IBlocki
     return IPlan(blk, dim, share, shares, max(1, min(threads, count * shares)), per)
 
 
-def scratch_size(count: int, m: int, n: int, k: int, parallel: bool = True, packs_x: bool = True) -> int:
+def scratch_size(count: int, m: int, n: int, k: int, parallel: bool = True, packs_x: bool = True,
+                 blk: IBlocking | None = None) -> int:
     """Bytes of the scratch :func:`emit` needs."""
-    p = plan(count, m, n, k, parallel, packs_x=packs_x)
+    p = plan(count, m, n, k, parallel, blk, packs_x=packs_x)
     return p.slots * p.per
 
 
@@ -738,7 +783,8 @@ def emit(k: KernelBuilder, spec: IGemmSpec, operands: Sequence[Buffer], c: Buffe
     it is shared), the products cut and dealt to OpenMP threads as :func:`plan` says; each
     unit is one call of the block function with its base pointers and row/column range."""
     count = math.prod(batch)
-    p = plan(count, spec.m, spec.n, spec.k, k.parallel, packs_x=spec.x_offsets is None)
+    p = plan(count, spec.m, spec.n, spec.k, k.parallel, spec.blocking,
+             packs_x=spec.x_offsets is None and spec.w_rows is None)
     if scratch.type.nbytes < p.slots * p.per:
         raise AssertionError(f"{k.node.label}: integer GEMM scratch {scratch.type.nbytes} B < {p.slots} x {p.per}")
     attrs = [a for a in k.fn.attributes if a != "noinline"]
