@@ -68,8 +68,12 @@ GEMM_MIN_REDUCTION = 8
 GEMM_MIN_MACS = 1 << 15
 #: register tile heights of the positions-as-rows product (7 divides 7x7 and 14x14 maps)
 POSITION_TILES = (12, 8, 7)
-#: maps with at most this many output positions run positions-as-rows
+#: maps with at most this many output positions run positions-as-rows, when the reduction
+#: has at least ROWS_MIN_REDUCTION elements: its epilogue stores each output byte apart (down
+#: the channel planes), which short reductions do not pay for (mobilenet_v2's 1x1 convs with
+#: K = 64…320 at 14x14 and 7x7: the model 13 % slower)
 ROWS_MAX_POSITIONS = 196
+ROWS_MIN_REDUCTION = 512
 
 
 def _view(k: KernelBuilder, buf: Buffer, shape: tuple[int, ...]) -> Buffer:
@@ -472,20 +476,25 @@ class _IntegerConv(IntegerKernel):
         x, w = ins[self.X].type, ins[self.W].type
         return x.shape[0] * group, w.shape[0] // group, _Flat.of(win).columns, math.prod(w.shape[1:]), group
 
-    def in_place(self, node: Node, ins: list[Operand | None]) -> bool:
-        """Whether the GEMM reads X in place (``IGemmSpec.x_offsets``) from a channel-
-        interleaved flat copy (:meth:`_Flat.fill_grouped`) instead of packing panels of it:
-        ``vnni`` (one byte per element), whole groups of 4 channels per conv group, and an
-        input that is copied anyway (padded or strided: an unpadded 1x1 conv reads ``x``
-        itself, and an interleaving copy then costs more than the packing it saves, mobilenet_v2
-        int8 +7 %).
-        ``POLYML_IGEMM_INPLACE=0`` packs as before (for measurements)."""
+    def _interleavable(self, node: Node, ins: list[Operand | None]) -> bool:
+        """Whether the input can be read from a channel-interleaved flat copy
+        (:meth:`_Flat.fill_grouped`): ``vnni`` (one byte per element) and whole groups of 4
+        channels per conv group.  ``POLYML_IGEMM_INPLACE=0`` packs as before (measurements)."""
         if os.environ.get("POLYML_IGEMM_INPLACE", "1") == "0":
             return False
         _, mg, _, _, group = self._gemm_dims(node, ins)
         blk = igemm.blocking_for_host(mg)
-        copied = _Flat.of(self.geometry(node, ins)[0]).copy
-        return copied and blk.variant == "vnni" and (ins[self.X].type.shape[1] // group) % blk.group == 0
+        return blk.variant == "vnni" and (ins[self.X].type.shape[1] // group) % blk.group == 0
+
+    def in_place(self, node: Node, ins: list[Operand | None]) -> bool:
+        """Whether the GEMM reads its input in place from the channel-interleaved flat copy
+        (``IGemmSpec.x_offsets``, or ``w_rows`` positions-as-rows) instead of packing panels of
+        it: an input copied anyway (padded or strided: an unpadded 1x1 conv on a large map
+        reads ``x`` itself, and an interleaving copy costs more there than the packing it
+        saves, mobilenet_v2 int8 +7 %), or a positions-as-rows product."""
+        if not self._interleavable(node, ins):
+            return False
+        return _Flat.of(self.geometry(node, ins)[0]).copy or self.rows_blocking(node, ins) is not None
 
     def rows_blocking(self, node: Node, ins: list[Operand | None]) -> igemm.IBlocking | None:
         """The blocking of the *positions-as-rows* product when this conv runs it, else None:
@@ -495,15 +504,17 @@ class _IntegerConv(IntegerKernel):
         junk columns and no padding of the positions to 32-wide panels: 7x7 maps computed
         61 flat columns in two panels (64 for 49 outputs), 14x14 224 for 196; the register
         tile takes the height in :data:`POSITION_TILES` that pads the positions least.  For
-        maps of at most :data:`ROWS_MAX_POSITIONS` outputs and whole vectors of channels
-        (``POLYML_IGEMM_ROWS=0|1`` forces it off or on where possible)."""
-        if not self.in_place(node, ins):
+        maps of at most :data:`ROWS_MAX_POSITIONS` outputs, reductions of at least
+        :data:`ROWS_MIN_REDUCTION` and whole vectors of channels (``POLYML_IGEMM_ROWS=0|1``
+        forces it off or on where possible)."""
+        if not self._interleavable(node, ins):
             return None
         win, group = self.geometry(node, ins)
         mg = ins[self.W].type.shape[0] // group
         p_out = math.prod(win.out)
+        kk = math.prod(ins[self.W].type.shape[1:])
         force = os.environ.get("POLYML_IGEMM_ROWS", "")
-        if force == "0" or mg % 32 or (force != "1" and p_out > ROWS_MAX_POSITIONS):
+        if force == "0" or mg % 32 or (force != "1" and (p_out > ROWS_MAX_POSITIONS or kk < ROWS_MIN_REDUCTION)):
             return None
         blk = igemm.blocking_for_host(mg)
         mr = min(POSITION_TILES, key=lambda r: (-(-p_out // r) * r, -r))
@@ -517,7 +528,10 @@ class _IntegerConv(IntegerKernel):
         win, group = self.geometry(node, ins)
         g = f" g{group}" if group > 1 else ""
         blk = igemm.blocking_for_host(ins[self.W].type.shape[0] // group)
-        how = (f"igemm {blk.variant} {blk.mr}x{blk.nr}" if self.use_gemm(node, ins)
+        rows = self.rows_blocking(node, ins) if self.use_gemm(node, ins) else None
+        how = (f"igemm {rows.variant} {rows.mr}x{rows.nr} positions-as-rows" if rows is not None
+               else f"igemm {blk.variant} {blk.mr}x{blk.nr}{' in place' if self.in_place(node, ins) else ''}"
+               if self.use_gemm(node, ins)
                else f"direct {'vnni quads' if self.depthwise_span(node, ins) == 4 else 'int16 pairs'}"
                if self.use_pairs(node, ins) else "direct")
         return (f"{'x'.join(map(str, win.kernel))}/{max(win.strides)} {ins[self.X].type.shape[1]}->"

@@ -312,6 +312,7 @@ ROWS_CASES = [
     ((1, 16, 6, 6), (64, 8, 3, 3), {"group": 2, "pads": [1, 0, 1, 2]}),
     ((1, 32, 10, 9), (96, 32, 1, 1), {"strides": [2, 2]}),
     ((1, 20, 5, 13), (32, 20, 3, 3), {"pads": [1, 1, 1, 1]}),
+    ((1, 24, 7, 7), (64, 24, 1, 1), {}),  # unpadded: interleaved for the rows alone
 ]
 
 
@@ -321,6 +322,7 @@ ROWS_CASES = [
 def test_qlinear_conv_positions_as_rows(case: tuple, xdt: type, variant: str, monkeypatch, tmp_path: Path) -> None:
     if not _host_has_vnni():
         pytest.skip("the positions-as-rows product is the VNNI GEMM's")
+    monkeypatch.setenv("POLYML_IGEMM_ROWS", "1")  # also for reductions shorter than the default's minimum
     if variant:
         monkeypatch.setenv("POLYML_IGEMM", variant)
     xs, ws, attrs = case
@@ -332,14 +334,19 @@ def test_qlinear_conv_positions_as_rows(case: tuple, xdt: type, variant: str, mo
     _exact(built.run(feeds)["y"], onnxruntime_run(model, feeds)["y"])
 
 
-def test_conv_integer_positions_as_rows() -> None:
-    """ConvInteger (int32 out) on the positions-as-rows product, a run-time x zero point."""
+def test_conv_integer_positions_as_rows(tmp_path: Path) -> None:
+    """ConvInteger (int32 out) on the positions-as-rows product by default (a 7x6 map, K = 576),
+    a run-time x zero point."""
     rng = np.random.default_rng(15)
-    x, w = _ints(rng, (1, 8, 7, 6), np.uint8), _ints(rng, (32, 8, 3, 3), np.int8)
+    x, w = _ints(rng, (1, 64, 7, 6), np.uint8), _ints(rng, (32, 64, 3, 3), np.int8)
     feeds = {"x": x, "x_zp": np.array(131, np.uint8)}
     model = _model("ConvInteger", feeds, {"w": w, "w_zp": np.array(0, np.int8)}, ["x", "w", "x_zp", "w_zp"],
                    TensorProto.INT32, pads=[1, 1, 1, 1])
-    _exact(_polyml(model, feeds), ReferenceEvaluator(model).run(None, feeds)[0])
+    onnx.save(model, str(tmp_path / "m.onnx"))
+    built = polyml_compile(tmp_path / "m.onnx", tmp_path / "b", cache=False, emit=["ll"])
+    text = "".join(p.read_text() for p in (tmp_path / "b").glob("ops.*.ll") if ".opt." not in p.name)
+    assert (".rows" in text) == _host_has_vnni()
+    _exact(built.run(feeds)["y"], ReferenceEvaluator(model).run(None, feeds)[0])
 
 
 @pytest.mark.parametrize("size,kernel,strides,pads", [((56, 56), (3, 3), (1, 1), (1, 1, 1, 1)),
