@@ -50,7 +50,7 @@ import numpy as np
 from polyml.kernels import Kernel, Operand, broadcast_shapes, register
 
 from polyml.codegen import gemm as packed
-from polyml.codegen.builder import Buffer, KernelBuilder, pointer_type
+from polyml.codegen.builder import F32, I32, Buffer, KernelBuilder, pointer_type, splat
 from polyml.errors import ShapeError
 from polyml.graph import Node, TensorType
 
@@ -67,6 +67,61 @@ def transpose_into(k: KernelBuilder, src: Buffer, dst: Buffer) -> None:
     """dst[i][j] = src[j][i] for a 2-D ``src``."""
     with k.loops(dst.shape, names=["ti", "tj"]) as (i, j):
         dst.store([i, j], src.load([j, i]))
+
+
+#: columns per parallel iteration of :func:`gemv_rows` (four 16-lane accumulators)
+GEMV_BLOCK = 64
+#: one-row products with fewer multiply-adds stay on the plain nests
+GEMV_MIN_MACS = 1 << 16
+
+
+def gemv_pack(w: np.ndarray) -> np.ndarray:
+    """A constant ``K×N`` B as :func:`gemv_rows` streams it: per block of :data:`GEMV_BLOCK`
+    columns (the last padded with zeros), its ``K`` rows of the block, ``[N/64][K][64]``."""
+    kk, n = w.shape
+    blocks = -(-n // GEMV_BLOCK)
+    out = np.zeros((kk, blocks * GEMV_BLOCK), np.float32)
+    out[:, :n] = w
+    return np.ascontiguousarray(out.reshape(kk, blocks, GEMV_BLOCK).transpose(1, 0, 2)).reshape(-1)
+
+
+def gemv_rows(k: KernelBuilder, a: Buffer, bp: Buffer, y: Buffer) -> None:
+    """``y[0, :] = a[0, :] · B`` for one row ``a`` and B packed by :func:`gemv_pack`: per block of
+    64 columns (the parallel loop), four 16-lane accumulators held in registers over the whole
+    reduction, one broadcast of ``a[k]`` and four FMAs with the block's row ``k`` (B streams once,
+    contiguously; no horizontal sums).  The dot products along Bᵀ's rows (one accumulator chain
+    per column) ran a batch-1 classifier at 0.087 ms on 1280×1000 against onnxruntime's 0.045."""
+    n, kk = y.shape[1], a.shape[1]
+    blocks = -(-n // GEMV_BLOCK)
+    vec = ir.VectorType(F32, 16)
+    vectors = GEMV_BLOCK // 16
+    with k.parallel_loop(0, blocks, "gemv") as jb:
+        b = k.b
+        slots = [k.entry_alloca(vec, f"acc{v}") for v in range(vectors)]
+        for slot in slots:
+            b.store(ir.Constant(vec, [0.0] * 16), slot)
+        a_row = b.bitcast(a.ptr, F32.as_pointer())
+        block = b.gep(b.bitcast(bp.ptr, F32.as_pointer()), [b.mul(k.i64(jb), k.i64(kk * GEMV_BLOCK))], inbounds=True)
+        with k.loop(0, kk, "k") as r:
+            b = k.b
+            av = splat(b, b.load(b.gep(a_row, [k.i64(r)], inbounds=True)), vec)
+            row = b.gep(block, [b.mul(k.i64(r), k.i64(GEMV_BLOCK))], inbounds=True)
+            for v, slot in enumerate(slots):
+                bv = b.load(b.bitcast(b.gep(row, [k.i64(16 * v)], inbounds=True), vec.as_pointer()), align=4)
+                b.store(k.fsum(b.load(slot), k.fmul(av, bv, reassoc=True), reassoc=True), slot)
+        b = k.b
+        out = b.bitcast(y.ptr, F32.as_pointer())
+        for v, slot in enumerate(slots):
+            j = b.add(b.mul(k.i64(jb), k.i64(GEMV_BLOCK)), k.i64(16 * v))
+            acc = b.load(slot)
+            with b.if_else(b.icmp_signed("<=", b.add(j, k.i64(16)), k.i64(n))) as (whole, part):
+                with whole:
+                    b.store(acc, b.bitcast(b.gep(out, [j], inbounds=True), vec.as_pointer()), align=4)
+                with part:
+                    for lane in range(16):
+                        jl = b.add(j, k.i64(lane))
+                        with b.if_then(b.icmp_signed("<", jl, k.i64(n))):
+                            b.store(b.extract_element(acc, ir.Constant(I32, lane)), b.gep(out, [jl], inbounds=True))
 
 
 def prefer_wide_vectors(fn: ir.Function) -> None:
@@ -337,7 +392,16 @@ class Gemm(Kernel):
         return [TensorType((m, n), ins[0].type.dtype)]
 
     def _packed_plan(self, node: Node, ins: list[Operand | None]) -> tuple[packed.Blocking, int] | None:
+        if self._gemv(node, ins):
+            return None
         return packed_plan(*self._dims(node, ins), b_constant=self._b_constant(node, ins[1].value is not None))
+
+    def _gemv(self, node: Node, ins: list[Operand | None]) -> bool:
+        """Whether the product runs on :func:`gemv_rows`: one row (a batch-1 classifier), A
+        not transposed, constant B, host builds, enough work for the threads."""
+        m, n, kk = self._dims(node, ins)
+        return (packed.enabled() and m == 1 and not node.attrs.get("transA", 0) and ins[1].value is not None
+                and n * kk >= GEMV_MIN_MACS)
 
     @staticmethod
     def _b_constant(node: Node, constant: bool) -> bool:
@@ -347,16 +411,19 @@ class Gemm(Kernel):
         return constant and not node.attrs.get("transB", 0)
 
     def policy(self, node: Node, ins: list[Operand | None]) -> str:
-        return "off" if self._packed_plan(node, ins) else self.polly
+        return "off" if self._packed_plan(node, ins) or self._gemv(node, ins) else self.polly
 
     def describe(self, node: Node, ins: list[Operand | None], outs: list[TensorType]) -> str:
         m, n, kk = self._dims(node, ins)
-        return f"{m}x{kk} @ {kk}x{n} {'packed' if self._packed_plan(node, ins) else 'nests'}"
+        how = "gemv" if self._gemv(node, ins) else "packed" if self._packed_plan(node, ins) else "nests"
+        return f"{m}x{kk} @ {kk}x{n} {how}"
 
     def temps(self, node: Node, ins: list[Operand | None], outs: list[TensorType]) -> list[TensorType]:
         """The packed GEMM's scratch, or row-major copies of the operands read transposed (B
         only for Polly's GEMM pattern)."""
         m, n, kk = self._dims(node, ins)
+        if self._gemv(node, ins):
+            return []
         if self._packed_plan(node, ins):
             return packed_temps(m, n, kk, self._b_constant(node, ins[1].value is not None))
         t = []
@@ -367,7 +434,11 @@ class Gemm(Kernel):
         return t
 
     def constants(self, node: Node, ins: list[Operand | None]) -> list[np.ndarray]:
-        """A constant B' (weights) pre-packed in panel order for the packed GEMM."""
+        """A constant B' (weights) pre-packed in panel order for the packed GEMM, or in
+        :func:`gemv_rows`'s column blocks."""
+        if self._gemv(node, ins):
+            w = np.asarray(ins[1].value, np.float32)
+            return [gemv_pack(w.T if node.attrs.get("transB", 0) else w)]
         if ins[1].value is None or not self._packed_plan(node, ins):
             return []
         w = np.asarray(ins[1].value, np.float32)
@@ -386,10 +457,14 @@ class Gemm(Kernel):
             c = None  # no C term (also where C holds inf/nan, as onnxruntime)
         m, n = y.shape
         kk = a.shape[0] if k.attr("transA", 0) else a.shape[1]
-        if packed_plan(m, n, kk, self._b_constant(k.node, k.values[1] is not None)):
+        ins = [None if t is None else Operand(f"in{i}", t, v) for i, (t, v) in enumerate(zip(k.in_types, k.values))]
+        if self._gemv(k.node, ins):
+            gemv_rows(k, a, k.constants[0], y)
+        elif packed_plan(m, n, kk, self._b_constant(k.node, k.values[1] is not None)):
             self._packed(k, a, b, c, y, alpha, beta)
             return
-        self._plain(k, a, b, y)
+        else:
+            self._plain(k, a, b, y)
         if alpha == 1.0 and c is None:
             return
         # y = alpha * y + beta * C, after the product (see the module docstring: not as the init)

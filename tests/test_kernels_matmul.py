@@ -134,6 +134,24 @@ def test_gemm_transposed_weight_rows(m: int) -> None:
     check(model, feeds_for({"x": (m, 20)}))
 
 
+@pytest.mark.parametrize("k,n,trans_b,alpha,c_shape", [(1280, 1000, 1, 1.0, (1000,)), (1000, 72, 0, 0.5, (1, 72)),
+                                                        (256, 256, 1, 1.0, None), (520, 130, 0, 2.0, ())])
+def test_gemm_one_row(k: int, n: int, trans_b: int, alpha: float, c_shape: tuple | None, tmp_path: Path) -> None:
+    """A batch-1 fully connected layer on the one-row kernel (64-column blocks over the
+    threads, a partial last block and vector), B constant either way round, alpha and C."""
+    rng = np.random.default_rng(11)
+    w = rng.standard_normal((n, k) if trans_b else (k, n)).astype(np.float32)
+    inits = {"w": w}
+    if c_shape is not None:
+        inits["c"] = rng.standard_normal(c_shape).astype(np.float32)
+    model = node_model("Gemm", {"x": (1, k)}, initializers=inits, transB=trans_b, alpha=alpha)
+    path = tmp_path / "m.onnx"
+    onnx.save(model, str(path))
+    built = polyml_compile(path, tmp_path / "b", cache=False)
+    assert [f["detail"].split()[-1] for f in built.manifest["functions"] if f["op_type"] == "Gemm"] == ["gemv"]
+    check(model, feeds_for({"x": (1, k)}))
+
+
 def _optimized_ir(model: onnx.ModelProto, tmp_path: Path) -> tuple[str, object]:
     path = tmp_path / "model.onnx"
     onnx.save(model, str(path))
