@@ -67,8 +67,12 @@ def _sigmoid(s: Scalar, v: list[ir.Value]) -> ir.Value:
 
 @scalar_op("Swish")
 def _swish(s: Scalar, v: list[ir.Value]) -> ir.Value:
-    """x·sigmoid(αx) (ONNX opset 24; the TF frontend's SiLU/swish), read once so it fuses as an epilogue."""
-    return s.b.fmul(v[0], sigmoid(s, s.b.fmul(v[0], s.f(s.attr("alpha", 1.0)))))
+    """x·sigmoid(αx) (ONNX opset 24; the TF frontend's SiLU/swish), read once so it fuses as an
+    epilogue.  The logistic factor is the rational approximation onnxruntime uses too
+    (:func:`polyml.codegen.vmath.logistic`, absolute error ≤ 3e-7): a third of the exp-based
+    form's work, where SiLU is an epilogue on every conv of an EfficientNet; a standalone
+    Sigmoid keeps the exp-based form (its relative error matters near 0)."""
+    return s.b.fmul(v[0], s.k.logistic(s.b.fmul(v[0], s.f(s.attr("alpha", 1.0)))))
 
 
 @scalar_op("HardSigmoid")

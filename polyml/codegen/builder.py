@@ -321,6 +321,9 @@ class KernelBuilder:
     def tanh(self, x: ir.Value) -> ir.Value:
         return vmath.tanh(self.b, x)
 
+    def logistic(self, x: ir.Value) -> ir.Value:
+        return vmath.logistic(self.b, x)
+
     def erf(self, x: ir.Value) -> ir.Value:
         return vmath.erf(self.b, x)
 

@@ -10,6 +10,8 @@ selects and integer bit operations, so the nest around them vectorizes at the fu
   adding ``n`` to the exponent bits; results below 2⁻¹²⁶ flushed to 0, above the float range +inf.
 * ``tanh``: ``x - x³/3 + 2x⁵/15 - 17x⁷/315 + 62x⁹/2835`` for ``|x| < 0.25``, else
   ``sign(x)·(1 - 2/(e^{2|x|} + 1))``.
+* ``logistic``: Eigen's rational approximation (onnxruntime's MLAS uses the same), see
+  :func:`logistic`.
 * ``erf``: ``(2/√π)(x - x³/3 + x⁵/10 - x⁷/42 + x⁹/216 - x¹¹/1320)`` for ``|x| < 0.5``, else
   Abramowitz–Stegun 7.1.26 (absolute error ≤ 1.5e-7).
 
@@ -101,6 +103,32 @@ def erf(b: ir.IRBuilder, x: ir.Value) -> ir.Value:
     large = _copysign(b, b.fsub(_c(1.0), tail), x)
     y = b.select(b.fcmp_ordered("<", _abs(b, x), _c(0.5)), small, large)
     return b.select(b.fcmp_unordered("uno", x, x), x, y)
+
+
+#: the logistic function's rational approximation (Eigen's, as onnxruntime's MLAS uses it):
+#: odd numerator and even denominator in x², x clamped to ±18
+LOGISTIC_P = [2.48287947061529e-01, 8.51377133304701e-03, 6.08574864600143e-05, 1.15627324459942e-07,
+              4.37031012579801e-11]
+LOGISTIC_Q = [9.93151921023180e-01, 1.16817656904453e-01, 1.70198817374094e-03, 6.29106785017040e-06,
+              5.76102136993427e-09, 6.10247389755681e-13]
+CONTRACT = ("contract",)
+
+
+def logistic(b: ir.IRBuilder, x: ir.Value) -> ir.Value:
+    """``1/(1 + e⁻ˣ)`` as ``x·P(x²)/Q(x²) + ½`` (degree 9/10, fused multiply-adds, one
+    division), clamped to [0, 1]: absolute error ≤ 3e-7, and a fraction of the exp-based form's
+    work (an EfficientNet SiLU epilogue cost 0.36 ms on the stem's 401k outputs that way)."""
+    xc = _clamp(b, x, -18.0, 18.0)  # NaN passes (ordered compares)
+    x2 = b.fmul(xc, xc)
+
+    def horner(coeffs: list[float]) -> ir.Value:
+        acc = _c(coeffs[-1])
+        for c in reversed(coeffs[:-1]):
+            acc = b.fadd(b.fmul(acc, x2, flags=CONTRACT), _c(c), flags=CONTRACT)
+        return acc
+
+    y = b.fadd(b.fdiv(b.fmul(xc, horner(LOGISTIC_P)), horner(LOGISTIC_Q)), _c(0.5))
+    return _clamp(b, y, 0.0, 1.0)
 
 
 def _intrinsic(b: ir.IRBuilder, name: str) -> ir.Function:
