@@ -65,6 +65,13 @@ def _polyml(model: onnx.ModelProto, feeds: dict[str, np.ndarray], **options) -> 
         return polyml_compile(Path(tmp) / "m.onnx", Path(tmp) / "b", cache=False, threads=2, **options).run(feeds)["y"]
 
 
+def _built_with_ir(model: onnx.ModelProto, tmp_path: Path) -> tuple:
+    """The compiled model and the text of its op modules' LLVM IR (before opt)."""
+    onnx.save(model, str(tmp_path / "m.onnx"))
+    built = polyml_compile(tmp_path / "m.onnx", tmp_path / "b", cache=False, emit=["ll"])
+    return built, "".join(p.read_text() for p in (tmp_path / "b").glob("ops.*.ll") if ".opt." not in p.name)
+
+
 def _exact(got: np.ndarray, ref: np.ndarray) -> None:
     assert got.dtype == ref.dtype and got.shape == ref.shape, (got.dtype, got.shape, ref.dtype, ref.shape)
     diff = np.abs(got.astype(np.int64) - ref.astype(np.int64))
@@ -163,9 +170,7 @@ def test_qlinear_matmul_one_row(case: tuple, tmp_path: Path) -> None:
     scale = (rng.uniform(0.5, 1.5, n) * 2e-3).astype(np.float32) if per_column else np.array(0.002, np.float32)
     zp = np.zeros(n if per_column else (), np.int8)
     model, feeds = _qlmm(a, b, scale, zp, 0.02 * np.sqrt(sb[0] / 64), 120 if adt == np.uint8 else 3, adt)
-    onnx.save(model, str(tmp_path / "m.onnx"))
-    built = polyml_compile(tmp_path / "m.onnx", tmp_path / "b", cache=False, emit=["ll"])
-    text = "".join(p.read_text() for p in (tmp_path / "b").glob("ops.*.ll") if ".opt." not in p.name)
+    built, text = _built_with_ir(model, tmp_path)
     assert ("llvm.x86.avx512.vpdpbusd.512" in text) == _host_has_vnni()
     ref = onnxruntime_run(model, feeds)["y"]
     lo, hi = np.iinfo(adt).min, np.iinfo(adt).max
@@ -296,9 +301,7 @@ def test_qlinear_conv_in_place(case: tuple, xdt: type, variant: str, monkeypatch
         monkeypatch.setenv("POLYML_IGEMM", variant)
     xs, ws, attrs = case
     model, feeds = _qconv(np.random.default_rng(11), xs, ws, xdt=xdt, **attrs)
-    onnx.save(model, str(tmp_path / "m.onnx"))
-    built = polyml_compile(tmp_path / "m.onnx", tmp_path / "b", cache=False, emit=["ll"])
-    text = "".join(p.read_text() for p in (tmp_path / "b").glob("ops.*.ll") if ".opt." not in p.name)
+    built, text = _built_with_ir(model, tmp_path)
     assert ".inplace" in text and "pack_x" not in text
     _exact(built.run(feeds)["y"], onnxruntime_run(model, feeds)["y"])
 
@@ -327,9 +330,7 @@ def test_qlinear_conv_positions_as_rows(case: tuple, xdt: type, variant: str, mo
         monkeypatch.setenv("POLYML_IGEMM", variant)
     xs, ws, attrs = case
     model, feeds = _qconv(np.random.default_rng(14), xs, ws, xdt=xdt, **attrs)
-    onnx.save(model, str(tmp_path / "m.onnx"))
-    built = polyml_compile(tmp_path / "m.onnx", tmp_path / "b", cache=False, emit=["ll"])
-    text = "".join(p.read_text() for p in (tmp_path / "b").glob("ops.*.ll") if ".opt." not in p.name)
+    built, text = _built_with_ir(model, tmp_path)
     assert ".rows" in text
     _exact(built.run(feeds)["y"], onnxruntime_run(model, feeds)["y"])
 
@@ -342,9 +343,7 @@ def test_conv_integer_positions_as_rows(tmp_path: Path) -> None:
     feeds = {"x": x, "x_zp": np.array(131, np.uint8)}
     model = _model("ConvInteger", feeds, {"w": w, "w_zp": np.array(0, np.int8)}, ["x", "w", "x_zp", "w_zp"],
                    TensorProto.INT32, pads=[1, 1, 1, 1])
-    onnx.save(model, str(tmp_path / "m.onnx"))
-    built = polyml_compile(tmp_path / "m.onnx", tmp_path / "b", cache=False, emit=["ll"])
-    text = "".join(p.read_text() for p in (tmp_path / "b").glob("ops.*.ll") if ".opt." not in p.name)
+    built, text = _built_with_ir(model, tmp_path)
     assert (".rows" in text) == _host_has_vnni()
     _exact(built.run(feeds)["y"], ReferenceEvaluator(model).run(None, feeds)[0])
 
@@ -466,9 +465,7 @@ def test_depthwise_multiply_adds_in_the_ir(variant: str, xdt: type, intrinsic: s
     """The grouped-tap kernel's multiply-add is the intrinsic of its span and width."""
     monkeypatch.setenv("POLYML_IGEMM", variant)
     model, _ = _qconv(np.random.default_rng(14), (1, 16, 12, 12), (16, 1, 3, 3), xdt=xdt, group=16, pads=[1, 1, 1, 1])
-    onnx.save(model, str(tmp_path / "m.onnx"))
-    polyml_compile(tmp_path / "m.onnx", tmp_path / "b", cache=False, emit=["ll"])
-    text = "".join(p.read_text() for p in (tmp_path / "b").glob("ops.*.ll") if ".opt." not in p.name)
+    _, text = _built_with_ir(model, tmp_path)
     lanes = 16 if "512" in intrinsic else 8
     assert f'call <{lanes} x i32> @"{intrinsic}"(' in text, [line for line in text.splitlines() if "llvm.x86" in line][:3]
 
@@ -511,9 +508,7 @@ def test_integer_kernels_in_the_ir(tmp_path: Path) -> None:
     """The VNNI build calls vpdpbusd; the forced madd build multiplies int16 pairs instead."""
     rng = np.random.default_rng(10)
     model, _ = _qconv(rng, (1, 32, 14, 14), (64, 32, 3, 3), pads=[1, 1, 1, 1])
-    onnx.save(model, str(tmp_path / "m.onnx"))
-    polyml_compile(tmp_path / "m.onnx", tmp_path / "b", cache=False, emit=["ll"])
-    text = "".join(p.read_text() for p in (tmp_path / "b").glob("ops.*.ll") if ".opt." not in p.name)
+    _, text = _built_with_ir(model, tmp_path)
     assert "polyml.iukernel." in text
     assert ("llvm.x86.avx512.vpdpbusd.512" in text) == _host_has_vnni()
 
