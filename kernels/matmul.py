@@ -50,7 +50,8 @@ import numpy as np
 from polyml.kernels import Kernel, Operand, broadcast_shapes, register
 
 from polyml.codegen import gemm as packed
-from polyml.codegen.builder import F32, I32, Buffer, KernelBuilder, pointer_type, splat
+from polyml.codegen import gemv
+from polyml.codegen.builder import F32, Buffer, KernelBuilder, pointer_type, splat
 from polyml.errors import ShapeError
 from polyml.graph import Node, TensorType
 
@@ -86,42 +87,27 @@ def gemv_pack(w: np.ndarray) -> np.ndarray:
 
 
 def gemv_rows(k: KernelBuilder, a: Buffer, bp: Buffer, y: Buffer) -> None:
-    """``y[0, :] = a[0, :] · B`` for one row ``a`` and B packed by :func:`gemv_pack`: per block of
-    64 columns (the parallel loop), four 16-lane accumulators held in registers over the whole
-    reduction, one broadcast of ``a[k]`` and four FMAs with the block's row ``k`` (B streams once,
-    contiguously; no horizontal sums).  The dot products along Bᵀ's rows (one accumulator chain
-    per column) ran a batch-1 classifier at 0.087 ms on 1280×1000 against onnxruntime's 0.045."""
+    """``y[0, :] = a[0, :] · B`` for one row ``a`` and B packed by :func:`gemv_pack`
+    (:func:`polyml.codegen.gemv.one_row_product`): per reduction step one broadcast of ``a[k]``
+    and four FMAs with the block's row ``k``.  The dot products along Bᵀ's rows (one
+    accumulator chain per column) ran a batch-1 classifier at 0.087 ms on 1280×1000 against
+    onnxruntime's 0.045."""
     n, kk = y.shape[1], a.shape[1]
-    blocks = -(-n // GEMV_BLOCK)
     vec = ir.VectorType(F32, 16)
-    vectors = GEMV_BLOCK // 16
-    with k.parallel_loop(0, blocks, "gemv") as jb:
-        b = k.b
-        slots = [k.entry_alloca(vec, f"acc{v}") for v in range(vectors)]
-        for slot in slots:
-            b.store(ir.Constant(vec, [0.0] * 16), slot)
-        a_row = b.bitcast(a.ptr, F32.as_pointer())
-        block = b.gep(b.bitcast(bp.ptr, F32.as_pointer()), [b.mul(k.i64(jb), k.i64(kk * GEMV_BLOCK))], inbounds=True)
-        with k.loop(0, kk, "k") as r:
-            b = k.b
-            av = splat(b, b.load(b.gep(a_row, [k.i64(r)], inbounds=True)), vec)
-            row = b.gep(block, [b.mul(k.i64(r), k.i64(GEMV_BLOCK))], inbounds=True)
-            for v, slot in enumerate(slots):
-                bv = b.load(b.bitcast(b.gep(row, [k.i64(16 * v)], inbounds=True), vec.as_pointer()), align=4)
-                b.store(k.fsum(b.load(slot), k.fmul(av, bv, reassoc=True), reassoc=True), slot)
-        b = k.b
-        out = b.bitcast(y.ptr, F32.as_pointer())
-        for v, slot in enumerate(slots):
-            j = b.add(b.mul(k.i64(jb), k.i64(GEMV_BLOCK)), k.i64(16 * v))
-            acc = b.load(slot)
-            with b.if_else(b.icmp_signed("<=", b.add(j, k.i64(16)), k.i64(n))) as (whole, part):
-                with whole:
-                    b.store(acc, b.bitcast(b.gep(out, [j], inbounds=True), vec.as_pointer()), align=4)
-                with part:
-                    for lane in range(16):
-                        jl = b.add(j, k.i64(lane))
-                        with b.if_then(b.icmp_signed("<", jl, k.i64(n))):
-                            b.store(b.extract_element(acc, ir.Constant(I32, lane)), b.gep(out, [jl], inbounds=True))
+
+    def step(b: ir.IRBuilder, r: ir.Value, j0: ir.Value, accs: list[ir.Value]) -> list[ir.Value]:
+        av = splat(b, b.load(b.gep(b.bitcast(a.ptr, F32.as_pointer()), [r], inbounds=True)), vec)
+        row = b.gep(b.bitcast(bp.ptr, F32.as_pointer()), [b.add(b.mul(j0, k.i64(kk)), b.mul(r, k.i64(GEMV_BLOCK)))],
+                    inbounds=True)
+        return [k.fsum(acc, k.fmul(av, b.load(b.bitcast(b.gep(row, [k.i64(16 * v)], inbounds=True), vec.as_pointer()),
+                                                     align=4), reassoc=True), reassoc=True)
+                for v, acc in enumerate(accs)]
+
+    def store(b: ir.IRBuilder, j: ir.Value, value: ir.Value) -> None:
+        out = b.gep(b.bitcast(y.ptr, F32.as_pointer()), [j], inbounds=True)
+        b.store(value, b.bitcast(out, value.type.as_pointer()) if isinstance(value.type, ir.VectorType) else out, align=4)
+
+    gemv.one_row_product(k, n, kk, vec, GEMV_BLOCK, step, store, store)
 
 
 def prefer_wide_vectors(fn: ir.Function) -> None:

@@ -41,7 +41,7 @@ from polyml.kernels._integer import (
 from polyml.kernels.matmul import MatMul, prefer_wide_vectors, view
 
 from polyml.codegen import gemm as packed
-from polyml.codegen import igemm
+from polyml.codegen import gemv, igemm
 from polyml.codegen.builder import F32, I32, Buffer, KernelBuilder, splat
 from polyml.codegen.quant import to_i32
 from polyml.errors import ShapeError
@@ -234,11 +234,10 @@ class _IntegerProduct(IntegerKernel):
         igemm.emit(k, spec, operands, c if igemm.needs_c(kk) else None, scratch)
 
     def _gemv(self, k: KernelBuilder, ins: list[Operand | None], n: int, kk: int) -> None:
-        """``y = a · B`` for one row ``a``: per block of :data:`GEMV_BLOCK` columns (the
-        parallel loop), ``GEMV_BLOCK/16`` int32 vector accumulators, per group of 4 reduction
-        elements one broadcast word of ``a`` and one ``vpdpbusd`` per vector of pre-packed B,
-        then the constant per-column correction and the requantization on whole vectors (the
-        last, partial vector column by column).  B streams once, at the memory's rate."""
+        """``y = a · B`` for one row ``a`` (:func:`polyml.codegen.gemv.one_row_product`): int32
+        accumulators, per group of 4 reduction elements one broadcast word of ``a`` and one
+        ``vpdpbusd`` per vector of pre-packed B, then the constant per-column correction and the
+        requantization on whole vectors (the last, partial vector column by column)."""
         blk = igemm.blocking_for_host()
         cor = self.corrections(k.node, ins, n, kk, blk)
         rq = self.requant(k.node, ins, n)
@@ -248,50 +247,37 @@ class _IntegerProduct(IntegerKernel):
         a = view(k, k.inputs[self.A], (kk,))
         y = view(k, k.outputs[0], (n,))
         bp = k.constants[0]
-        npad = -(-n // GEMV_BLOCK) * GEMV_BLOCK
-        vectors = GEMV_BLOCK // 16
+        npad = gemv.blocks(n, GEMV_BLOCK) * GEMV_BLOCK
         vec = ir.VectorType(I32, 16)
         dp = igemm.vpdpbusd(k.module)
         flip = ins[self.A].type.dtype == "int8"
         out_bytes = 4 if rq is None else 1
-        with k.parallel_loop(0, npad // GEMV_BLOCK, "gemv") as jb:
-            b = k.b
-            j0 = b.mul(k.i64(jb), k.i64(GEMV_BLOCK))
-            slots = [k.entry_alloca(vec, f"acc{v}") for v in range(vectors)]
-            for slot in slots:
-                b.store(ir.Constant(vec, [0] * 16), slot)
-            a_words = b.bitcast(a.ptr, I32.as_pointer())
-            b_words = b.bitcast(bp.ptr, I32.as_pointer())
-            with k.loop(0, kk // 4, "q") as q:
-                b = k.b
-                word = b.load(b.gep(a_words, [k.i64(q)], inbounds=True), align=1)
-                if flip:  # int8 activations as vpdpbusd's unsigned bytes (the shift is in rb)
-                    word = b.xor(word, ir.Constant(I32, 0x80808080 - (1 << 32)))
-                bcast = splat(b, word, vec)
-                row = b.add(b.mul(k.i64(q), k.i64(npad)), j0)
-                for v, slot in enumerate(slots):
-                    wv = b.load(b.bitcast(b.gep(b_words, [b.add(row, k.i64(16 * v))], inbounds=True), vec.as_pointer()),
-                                align=4)
-                    b.store(b.call(dp, [b.load(slot), bcast, wv]), slot)
-            b = k.b
-            for v, slot in enumerate(slots):
-                j = b.add(j0, k.i64(16 * v))
-                acc = b.load(slot)
-                with b.if_else(b.icmp_signed("<=", b.add(j, k.i64(16)), k.i64(n))) as (whole, part):
-                    with whole:
-                        rb = b.load(b.bitcast(b.gep(rb_t, [k.i64(0), j], inbounds=True), vec.as_pointer()), align=4)
-                        m = None
-                        if mult_t is not None:
-                            fvec = ir.VectorType(F32, 16)
-                            m = b.load(b.bitcast(b.gep(mult_t, [k.i64(0), j], inbounds=True), fvec.as_pointer()), align=4)
-                        store_output(b, b.add(acc, rb), b.gep(b.bitcast(y.ptr, I8P), [b.mul(j, k.i64(out_bytes))]), m, rq)
-                    with part:
-                        for lane in range(16):
-                            jl = b.add(j, k.i64(lane))
-                            with b.if_then(b.icmp_signed("<", jl, k.i64(n))):
-                                val = b.add(b.extract_element(acc, ir.Constant(I32, lane)), tables.load(b, rb_t, jl))
-                                store_output(b, val, b.gep(b.bitcast(y.ptr, I8P), [b.mul(jl, k.i64(out_bytes))]),
-                                             tables.load(b, mult_t, jl) if mult_t is not None else None, rq)
+
+        def step(b: ir.IRBuilder, q: ir.Value, j0: ir.Value, accs: list[ir.Value]) -> list[ir.Value]:
+            word = b.load(b.gep(b.bitcast(a.ptr, I32.as_pointer()), [q], inbounds=True), align=1)
+            if flip:  # int8 activations as vpdpbusd's unsigned bytes (the shift is in rb)
+                word = b.xor(word, ir.Constant(I32, 0x80808080 - (1 << 32)))
+            bcast = splat(b, word, vec)
+            row = b.gep(b.bitcast(bp.ptr, I32.as_pointer()), [b.add(b.mul(q, k.i64(npad)), j0)], inbounds=True)
+            return [b.call(dp, [acc, bcast, b.load(b.bitcast(b.gep(row, [k.i64(16 * v)], inbounds=True), vec.as_pointer()),
+                                                   align=4)]) for v, acc in enumerate(accs)]
+
+        def out_at(b: ir.IRBuilder, j: ir.Value) -> ir.Value:
+            return b.gep(b.bitcast(y.ptr, I8P), [b.mul(j, k.i64(out_bytes))])
+
+        def store_vector(b: ir.IRBuilder, j: ir.Value, acc: ir.Value) -> None:
+            rb = b.load(b.bitcast(b.gep(rb_t, [k.i64(0), j], inbounds=True), vec.as_pointer()), align=4)
+            m = None
+            if mult_t is not None:
+                m = b.load(b.bitcast(b.gep(mult_t, [k.i64(0), j], inbounds=True), ir.VectorType(F32, 16).as_pointer()),
+                           align=4)
+            store_output(b, b.add(acc, rb), out_at(b, j), m, rq)
+
+        def store_column(b: ir.IRBuilder, j: ir.Value, acc: ir.Value) -> None:
+            store_output(b, b.add(acc, tables.load(b, rb_t, j)), out_at(b, j),
+                         tables.load(b, mult_t, j) if mult_t is not None else None, rq)
+
+        gemv.one_row_product(k, n, kk // 4, vec, GEMV_BLOCK, step, store_vector, store_column)
 
     def _nests(self, k: KernelBuilder, ins: list[Operand | None]) -> None:
         """``acc[β][i][j] += (A - zA)(B - zB[j])`` (loops β, i, k, j), then the output."""
