@@ -356,6 +356,13 @@ GEMM_MIN_CHANNELS = 32
 GEMM_MIN_CHANNELS_POINTWISE = 24
 
 
+#: ... but stems (at most this many input channels: an RGB image) run direct: their K = 3·taps
+#: reduction spends the GEMM's time in the im2col packing (sixth session, single layers, 1
+#: thread CPU time: 3x3/2 3->64 @224 0.768 -> 0.653 ms, 7x7/2 3->64 3.98 -> 2.32, 3x3/2 3->32
+#: with SiLU 0.85 -> 0.52; 2 threads, three runs each: 3x3/2 3->64 0.43-0.51 -> 0.37-0.42 ms)
+STEM_MAX_CHANNELS = 4
+
+
 def prefer_gemm(win: Window, m: int, kk: int) -> bool:
     """Whether the packed GEMM (im2col packed on the fly) beats the direct nests for this shape.
 
@@ -366,10 +373,14 @@ def prefer_gemm(win: Window, m: int, kk: int) -> bool:
     (squeezenet 3x3/2 to 64, zfnet 7x7/2 and AlexNet 11x11/4 to 96) except ResNet-50's 7x7/2
     to 64 (0.89x, taken anyway: 0.1 ms); 1x1 64->64 even; below 32 output channels the direct
     nests win or tie (3x3 16->16 0.94x, 1x1 128->16 0.79x) but for unstrided 1x1 from 24
-    channels (144->24, 96->24, 16->96: 1.3-2.1x; 32->16 0.87x).
+    channels (144->24, 96->24, 16->96: 1.3-2.1x; 32->16 0.87x).  Re-measured since: stems of
+    :data:`STEM_MAX_CHANNELS` input channels are faster direct (the packing of their short
+    reduction dominates).
     """
     if all(e == 1 for e in win.kernel) and all(s == 1 for s in win.strides) and not win.needs_copy():
         return m >= GEMM_MIN_CHANNELS_POINTWISE
+    if kk // math.prod(win.kernel) <= STEM_MAX_CHANNELS:
+        return False
     return m >= GEMM_MIN_CHANNELS
 
 

@@ -190,7 +190,8 @@ def test_conv_as_packed_gemm(xs, ws, attrs, threads) -> None:
 
 def test_conv_choice_by_shape() -> None:
     """``auto`` takes the GEMM from 32 output channels on (unstrided 1x1: 24), the direct nests
-    for narrower convolutions (scripts/bench_conv.py's measurements)."""
+    for narrower convolutions and for stems of up to 4 input channels (scripts/bench_conv.py's
+    measurements, single stems re-measured in the sixth session)."""
     from polyml.kernels.conv import _plan
 
     from polyml.codegen import gemm as packed
@@ -206,7 +207,8 @@ def test_conv_choice_by_shape() -> None:
     assert mode((1, 32, 56, 56), (16, 32, 1, 1), {}) == "pointwise"  # 16 output channels: direct
     assert mode((1, 64, 56, 56), (64, 64, 3, 3), {"pads": [1, 1, 1, 1]}) == "gemm"
     assert mode((1, 16, 56, 56), (16, 16, 3, 3), {"pads": [1, 1, 1, 1]}) == "direct"
-    assert mode((1, 3, 224, 224), (64, 3, 3, 3), {"strides": [2, 2]}) == "gemm"  # a 3-channel stem
+    assert mode((1, 3, 224, 224), (64, 3, 3, 3), {"strides": [2, 2]}) == "phase"  # a 3-channel stem: direct
+    assert mode((1, 8, 224, 224), (64, 8, 3, 3), {"strides": [2, 2]}) == "gemm"
     assert mode((1, 1024, 14, 14), (2048, 1024, 1, 1), {"strides": [2, 2]}) == "gemm"
     assert mode((1, 64, 56, 56), (64, 64, 3, 3), {"pads": [1, 1, 1, 1]}, conv="direct") == "direct"
     assert mode((1, 256, 28, 28), (128, 256, 1, 1), {}, conv="direct") == "pointwise"
