@@ -246,12 +246,11 @@ class _Flat:
                 value = b.xor(value, ir.Constant(I8, 0x80))
             for start, length, count, stride in _strided(self.border(h, w)):
                 nbytes = length * g
-                if nbytes > self.MAX_SPLAT:  # a long run (a whole plane): a byte loop, i.e. a memset
-                    with k.loop(0, count * stride * g, "gzl") as i:
+                if nbytes > self.MAX_SPLAT:  # a long run (a whole plane): a byte loop per run, i.e. a memset
+                    with nest(k, [count, nbytes], names=["gzr", "gzl"]) as (i, e):
                         b = k.b
-                        live = b.icmp_signed("<", b.urem(k.i64(i), k.i64(stride * g)), k.i64(nbytes))
-                        with b.if_then(live):
-                            b.store(value, b.gep(base, [b.add(k.i64(start * g), k.i64(i))], inbounds=True))
+                        at = b.add(k.i64(start * g), b.add(b.mul(k.i64(i), k.i64(stride * g)), k.i64(e)))
+                        b.store(value, b.gep(base, [at], inbounds=True))
                     continue
                 fill_vec = splat(b, value, ir.VectorType(I8, nbytes))
                 with nest(k, [count], names=["gz"]) as (i,):  # one fixed-size store per run
@@ -671,7 +670,8 @@ class _IntegerConv(IntegerKernel):
             mult_at = len(operands)
             operands.append(mult)
             strides.append([0, mg])
-        strides.append([m_all * ncols, mg * ncols])  # C
+        c_cols = p_out if rows_blk is not None else ncols  # C is P x Mg in the rows product, Mg x N' else
+        strides.append([m_all * c_cols, mg * c_cols])  # C
         out_bytes = 4 if rq is None else 1
         taps = np.array(flat.tap_offsets(win), np.int64)
         tables = Tables(k.module, k.fn.name)
