@@ -70,20 +70,18 @@ def transpose_into(k: KernelBuilder, src: Buffer, dst: Buffer) -> None:
         dst.store([i, j], src.load([j, i]))
 
 
-#: columns per parallel iteration of :func:`gemv_rows` (four 16-lane accumulators)
-GEMV_BLOCK = 64
 #: one-row products with fewer multiply-adds stay on the plain nests
 GEMV_MIN_MACS = 1 << 16
 
 
 def gemv_pack(w: np.ndarray) -> np.ndarray:
-    """A constant ``K×N`` B as :func:`gemv_rows` streams it: per block of :data:`GEMV_BLOCK`
+    """A constant ``K×N`` B as :func:`gemv_rows` streams it: per block of :data:`polyml.codegen.gemv.BLOCK`
     columns (the last padded with zeros), its ``K`` rows of the block, ``[N/64][K][64]``."""
     kk, n = w.shape
-    blocks = -(-n // GEMV_BLOCK)
-    out = np.zeros((kk, blocks * GEMV_BLOCK), np.float32)
+    blocks = gemv.blocks(n)
+    out = np.zeros((kk, blocks * gemv.BLOCK), np.float32)
     out[:, :n] = w
-    return np.ascontiguousarray(out.reshape(kk, blocks, GEMV_BLOCK).transpose(1, 0, 2)).reshape(-1)
+    return np.ascontiguousarray(out.reshape(kk, blocks, gemv.BLOCK).transpose(1, 0, 2)).reshape(-1)
 
 
 def gemv_rows(k: KernelBuilder, a: Buffer, bp: Buffer, y: Buffer) -> None:
@@ -97,7 +95,7 @@ def gemv_rows(k: KernelBuilder, a: Buffer, bp: Buffer, y: Buffer) -> None:
 
     def step(b: ir.IRBuilder, r: ir.Value, j0: ir.Value, accs: list[ir.Value]) -> list[ir.Value]:
         av = splat(b, b.load(b.gep(b.bitcast(a.ptr, F32.as_pointer()), [r], inbounds=True)), vec)
-        row = b.gep(b.bitcast(bp.ptr, F32.as_pointer()), [b.add(b.mul(j0, k.i64(kk)), b.mul(r, k.i64(GEMV_BLOCK)))],
+        row = b.gep(b.bitcast(bp.ptr, F32.as_pointer()), [b.add(b.mul(j0, k.i64(kk)), b.mul(r, k.i64(gemv.BLOCK)))],
                     inbounds=True)
         return [k.fsum(acc, k.fmul(av, b.load(b.bitcast(b.gep(row, [k.i64(16 * v)], inbounds=True), vec.as_pointer()),
                                                      align=4), reassoc=True), reassoc=True)
@@ -107,7 +105,7 @@ def gemv_rows(k: KernelBuilder, a: Buffer, bp: Buffer, y: Buffer) -> None:
         out = b.gep(b.bitcast(y.ptr, F32.as_pointer()), [j], inbounds=True)
         b.store(value, b.bitcast(out, value.type.as_pointer()) if isinstance(value.type, ir.VectorType) else out, align=4)
 
-    gemv.one_row_product(k, n, kk, vec, GEMV_BLOCK, step, store, store)
+    gemv.one_row_product(k, n, kk, vec, gemv.BLOCK, step, store, store)
 
 
 def prefer_wide_vectors(fn: ir.Function) -> None:

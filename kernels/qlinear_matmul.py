@@ -53,8 +53,6 @@ GEMM_MIN_MACS = 1 << 15
 
 I64 = ir.IntType(64)
 I8P = ir.IntType(8).as_pointer()
-#: columns per parallel iteration of the one-row product (four 16-lane accumulators)
-GEMV_BLOCK = 64
 #: one-row products narrower than this stay plain nests
 GEMV_MIN_COLUMNS = 16
 
@@ -147,12 +145,12 @@ class _IntegerProduct(IntegerKernel):
     def constants(self, node: Node, ins: list[Operand | None]) -> list[np.ndarray]:
         """Constant B pre-packed as the weight side (its transpose, converted for the
         micro-kernel) when the product runs on the integer GEMM."""
-        gemv = self.gemv_dims(node, ins)
-        if gemv is not None:  # B as [K/4][N padded to whole blocks][4] bytes, converted
-            n, kk = gemv
+        one_row = self.gemv_dims(node, ins)
+        if one_row is not None:  # B as [K/4][N padded to whole blocks][4] bytes, converted
+            n, kk = one_row
             bm = np.asarray(ins[self.B].value).reshape(kk, n)
             conv = igemm.convert_np(bm, igemm.blocking_for_host(), ins[self.B].type.dtype == "int8", "w")
-            packed_b = np.zeros((kk // 4, -(-n // GEMV_BLOCK) * GEMV_BLOCK, 4), np.int8)
+            packed_b = np.zeros((kk // 4, gemv.blocks(n) * gemv.BLOCK, 4), np.int8)
             packed_b[:, :n, :] = conv.reshape(kk // 4, 4, n).transpose(0, 2, 1)
             return [packed_b.reshape(-1).view(np.int32)]
         dims = self.gemm_dims(node, ins)
@@ -173,9 +171,9 @@ class _IntegerProduct(IntegerKernel):
         prefer_wide_vectors(k.fn)
         ins = self._operands(k)
         dims = self.gemm_dims(k.node, ins)
-        gemv = self.gemv_dims(k.node, ins)
-        if gemv is not None:
-            self._gemv(k, ins, *gemv)
+        one_row = self.gemv_dims(k.node, ins)
+        if one_row is not None:
+            self._gemv(k, ins, *one_row)
         elif dims is None:
             self._nests(k, ins)
         else:
@@ -247,7 +245,7 @@ class _IntegerProduct(IntegerKernel):
         a = view(k, k.inputs[self.A], (kk,))
         y = view(k, k.outputs[0], (n,))
         bp = k.constants[0]
-        npad = gemv.blocks(n, GEMV_BLOCK) * GEMV_BLOCK
+        npad = gemv.blocks(n) * gemv.BLOCK
         vec = ir.VectorType(I32, 16)
         dp = igemm.vpdpbusd(k.module)
         flip = ins[self.A].type.dtype == "int8"
@@ -277,7 +275,7 @@ class _IntegerProduct(IntegerKernel):
             store_output(b, b.add(acc, tables.load(b, rb_t, j)), out_at(b, j),
                          tables.load(b, mult_t, j) if mult_t is not None else None, rq)
 
-        gemv.one_row_product(k, n, kk // 4, vec, GEMV_BLOCK, step, store_vector, store_column)
+        gemv.one_row_product(k, n, kk // 4, vec, gemv.BLOCK, step, store_vector, store_column)
 
     def _nests(self, k: KernelBuilder, ins: list[Operand | None]) -> None:
         """``acc[β][i][j] += (A - zA)(B - zB[j])`` (loops β, i, k, j), then the output."""

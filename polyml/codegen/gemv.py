@@ -17,6 +17,8 @@ import llvmlite.ir as ir
 from polyml.codegen.builder import KernelBuilder
 
 I32 = ir.IntType(32)
+#: columns per block (per parallel iteration): four 16-lane accumulators
+BLOCK = 64
 
 #: ``step(b, q, j0, accs) -> accs``: reduction step ``q`` of the block starting at column ``j0``
 Step = Callable[[ir.IRBuilder, ir.Value, ir.Value, list[ir.Value]], list[ir.Value]]
@@ -24,7 +26,7 @@ Step = Callable[[ir.IRBuilder, ir.Value, ir.Value, list[ir.Value]], list[ir.Valu
 Store = Callable[[ir.IRBuilder, ir.Value, ir.Value], None]
 
 
-def blocks(n: int, block: int) -> int:
+def blocks(n: int, block: int = BLOCK) -> int:
     """Column blocks of ``n`` columns (the last padded)."""
     return -(-n // block)
 

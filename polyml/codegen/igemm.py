@@ -238,7 +238,7 @@ class IGemmSpec:
 
     def __post_init__(self) -> None:
         if self.load_x is None and self.pack_x is None and self.x_offsets is None and self.w_rows is None:
-            raise ValueError("IGemmSpec: X needs a load_x, a pack_x or x_offsets")
+            raise ValueError("IGemmSpec: X needs a load_x, a pack_x, x_offsets or w_rows")
         if self.load_w is None and not self.prepacked_w and self.w_rows is None:
             raise ValueError("IGemmSpec: W needs a load_w unless it is pre-packed")
 
