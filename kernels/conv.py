@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import os
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -260,6 +261,86 @@ def conv_window(node: Node, x: TensorType, w: TensorType) -> Window:
     return make_window(node, tuple(x.shape[2:]), kernel)
 
 
+def in_place_enabled() -> bool:
+    """Whether GEMM convolutions read their im2col rows in place (``gemm_inplace``, default)
+    rather than packing them (``POLYML_CONV_INPLACE=0``: for A/B measurements)."""
+    return os.environ.get("POLYML_CONV_INPLACE", "1") != "0"
+
+
+@dataclass(frozen=True)
+class PhasePlanes:
+    """x copied into stride-phase planes for the in-place GEMM (2-D, one image):
+    ``src[c][ph][pw][qh][qw] = xpad[c][qh·sh + ph][qw·sw + pw]`` (0 in the padding).
+
+    Tap ``(kh, kw)`` of output ``(oh, ow)`` reads padded ``(oh·sh + kh·dh, ow·sw + kw·dw)``,
+    i.e. phase ``((kh·dh) % sh, (kw·dw) % sw)`` at ``(oh + kh·dh // sh, ow + kw·dw // sw)``.
+    With the output rows laid on the planes' row pitch ``qw`` (pitch space, ``j = oh·qw +
+    ow``), im2col row ``p = (c, kh, kw)`` is the contiguous run ``src[offsets[p] + j]``: the
+    affine access ``j ↦ j + offset`` the GEMM's micro-kernel loads vectors from directly.
+    Stride 1 makes this the plain padded copy.  ``qw - ow`` columns per row are computed and
+    dropped (1-2 for 3x3)."""
+
+    channels: int
+    win: Window
+    nr: int
+
+    def _shift(self, d: int) -> int:
+        w = self.win
+        return (w.kernel[d] - 1) * w.dilations[d] // w.strides[d]
+
+    @property
+    def qh(self) -> int:
+        return self.win.out[0] + self._shift(0)
+
+    @property
+    def qw(self) -> int:
+        return self.win.out[1] + self._shift(1)
+
+    @property
+    def columns(self) -> int:
+        """Pitch-space columns of the output: ``(oh - 1)·qw + ow``."""
+        return (self.win.out[0] - 1) * self.qw + self.win.out[1]
+
+    @property
+    def offsets(self) -> tuple[int, ...]:
+        (kh_, kw_), (sh, sw), (dh, dw) = self.win.kernel, self.win.strides, self.win.dilations
+        plane = self.qh * self.qw
+        return tuple(((c * sh + (y * dh) % sh) * sw + (x * dw) % sw) * plane + (y * dh // sh) * self.qw + x * dw // sw
+                     for c in range(self.channels) for y in range(kh_) for x in range(kw_))
+
+    @property
+    def size(self) -> int:
+        """Floats of the copy, with room for the last panel's columns past the end (read,
+        never stored)."""
+        sh, sw = self.win.strides
+        reach = max(self.offsets) + -(-self.columns // self.nr) * self.nr
+        return max(self.channels * sh * sw * self.qh * self.qw, reach)
+
+    def fill(self, k: KernelBuilder, x: Buffer, temp: Buffer) -> Buffer:
+        """Zero the copy, then copy each phase's interior from ``x`` (1, C, H, W); returns the
+        copy as a flat buffer."""
+        flat = view(k, temp, (self.size,), "planes_flat")
+        with nest(k, [self.size], ["pz"], parallel=1 if self.size >= PARALLEL_MIN_ELEMENTS else 0) as (z,):
+            flat.store([z], k.f32(0.0))
+        (sh, sw), (h, w), (pt, pl) = self.win.strides, self.win.size, self.win.pads_begin
+        c = self.channels
+        shape = TensorType((c, sh, sw, self.qh, self.qw))  # a prefix of the copy (the rest: run-out)
+        planes = Buffer(k, k.b.bitcast(temp.ptr, pointer_type(shape)), shape, "planes")
+        for ph in range(sh):
+            for pw in range(sw):
+                # q·s + ph - pad inside [0, size): q in [ceil((pad - ph)/s), floor((size - 1 + pad - ph)/s)]
+                rows = (max(0, -((ph - pt) // sh)), min(self.qh, (h - 1 + pt - ph) // sh + 1))
+                cols = (max(0, -((pw - pl) // sw)), min(self.qw, (w - 1 + pl - pw) // sw + 1))
+                if rows[1] <= rows[0] or cols[1] <= cols[0]:
+                    continue
+                extents = [c, rows, cols]
+                with nest(k, extents, ["pc", "pr", "pq"], parallel=1 if copy_parallel([1, *extents]) else 0) as (ci, r, q):
+                    v = x.load([0, ci, affine(k, [(sh, r)], ph - pt), affine(k, [(sw, q)], pw - pl)])
+                    planes.store([ci, ph, pw, r, q], v)
+        return flat
+
+
+
 @dataclass(frozen=True)
 class _Plan:
     """How a Conv node is lowered (a pure function of its types and attributes).
@@ -269,7 +350,9 @@ class _Plan:
     ``flat``: stride 1 along height and width and an output width that fills the register
     blocks badly (7, 14, 28 columns): the output is computed on the (padded) input's row pitch,
     one long row per plane, into ``out_temp`` (a few junk columns per row), then cropped.
-    ``direct``: the rest.  ``depthwise`` and ``winograd``: :mod:`polyml.kernels.depthwise` and
+    ``direct``: the rest.  ``gemm``: the packed GEMM on the im2col matrix packed on the fly;
+    ``gemm_inplace``: the packed GEMM reading the im2col rows in place from a stride-phase copy
+    of x (:class:`PhasePlanes`, scratch in ``src_temp``).  ``depthwise`` and ``winograd``: :mod:`polyml.kernels.depthwise` and
     :mod:`polyml.kernels.winograd` (their scratch in ``src_temp``).
     """
 
@@ -277,10 +360,13 @@ class _Plan:
     win: Window
     src_temp: TensorType | None = None
     out_temp: TensorType | None = None
+    #: ``gemm_inplace``: the stride-phase planes the GEMM reads B from (:class:`PhasePlanes`)
+    planes: PhasePlanes | None = None
 
     @property
     def temps(self) -> list[TensorType]:
-        return [t for t in (self.src_temp, self.out_temp) if t is not None]
+        extra = [TensorType((self.planes.size,))] if self.planes is not None else []
+        return [t for t in (self.src_temp, self.out_temp) if t is not None] + extra
 
     @property
     def pitch(self) -> int:
@@ -303,6 +389,15 @@ def _plan(node: Node, x: TensorType, w: TensorType, constant_w: bool = False) ->
         return _Plan("winograd", win, wg.scratch)
     scratch = _gemm_scratch(node, x, w, win)
     if scratch is not None:
+        pointwise = all(k == 1 for k in win.kernel) and all(s == 1 for s in win.strides) and not win.needs_copy()
+        if not pointwise and in_place_enabled():
+            from polyml.kernels.matmul import packed_temps
+
+            from polyml.codegen import gemm as packed
+
+            planes = PhasePlanes(x.shape[1], win, packed.blocking_for_host().nr)
+            m, _, kk = _gemm_spec_dims(x, w, win)
+            return _Plan("gemm_inplace", win, packed_temps(m, planes.columns, kk)[0], planes=planes)
         return _Plan("gemm", win, scratch)
     if all(k == 1 for k in win.kernel) and not win.needs_copy():
         sub = None if all(s == 1 for s in win.strides) else TensorType((*lead, *win.out))
@@ -354,6 +449,13 @@ GEMM_MIN_CHANNELS = 32
 #: ... and unstrided 1x1 convolutions (x itself is the B matrix, nothing to gather) from this
 #: many (two register tiles of rows)
 GEMM_MIN_CHANNELS_POINTWISE = 24
+#: ... on maps of more than this many positions: on smaller ones (14x14, 13x13, 7x7) the
+#: direct nests win, the GEMM's 32-column panels pad 196 positions to 224, 169 to 192, 49 to
+#: 64 (seventh session, single layers with ReLU6, minimum of 15 blocks, 2 threads: 2048->512
+#: @7 0.71-0.80 -> 0.63 ms, 320->1280 @7 0.28 -> 0.25, 1024->256 @14 0.60-0.63 -> 0.53,
+#: 96->576 @14 0.14-0.18 -> 0.13, 48->192 @13 0.043 -> 0.031; 1 thread 960->160 @7 0.21 ->
+#: 0.17; at 28x28 and 56x56 they tie within 10 % either way)
+GEMM_MIN_POSITIONS_POINTWISE = 197
 
 
 #: ... but stems (at most this many input channels: an RGB image) run direct: their K = 3·taps
@@ -361,6 +463,18 @@ GEMM_MIN_CHANNELS_POINTWISE = 24
 #: thread CPU time: 3x3/2 3->64 @224 0.768 -> 0.653 ms, 7x7/2 3->64 3.98 -> 2.32, 3x3/2 3->32
 #: with SiLU 0.85 -> 0.52; 2 threads, three runs each: 3x3/2 3->64 0.43-0.51 -> 0.37-0.42 ms)
 STEM_MAX_CHANNELS = 4
+#: ... except stems of at most this many taps (3x3) when the GEMM reads its rows in place
+#: (``gemm_inplace``: no im2col packing; seventh session, 2 threads, 200 runs each: 3x3/2 3->32
+#: @224 (MobileNet, EfficientNet) 0.24-0.30 -> 0.19-0.20 ms, SqueezeNet's unpadded 3x3/2 3->64
+#: 0.53-0.60 -> 0.33-0.45; a 7x7/2 stem stays direct: 1.21 -> 1.41-1.49)
+STEM_GEMM_MAX_TAPS = 9
+#: ... and so do unstrided convolutions of at most this many input channels (K = 16·9 for a
+#: 3x3): the direct nests read x where it lies while the GEMM gathers each element into its
+#: panel for only 16·9 multiply-adds per column (seventh session, single layers with ReLU6,
+#: minimum of 15 blocks: 3x3 16->64 @55 (SqueezeNet) 2 threads 0.48-0.60 -> 0.32-0.39 ms,
+#: 1 thread 0.76 -> 0.59; 3x3 16->16 @56 1 thread 0.39 -> 0.15.  Strided ones are mixed:
+#: 3x3/2 16->64 @56 0.15 -> 0.24, 16->32 @112 0.33 -> 0.26; 24 channels tie)
+THIN_MAX_CHANNELS = 16
 
 
 def prefer_gemm(win: Window, m: int, kk: int) -> bool:
@@ -375,11 +489,15 @@ def prefer_gemm(win: Window, m: int, kk: int) -> bool:
     nests win or tie (3x3 16->16 0.94x, 1x1 128->16 0.79x) but for unstrided 1x1 from 24
     channels (144->24, 96->24, 16->96: 1.3-2.1x; 32->16 0.87x).  Re-measured since: stems of
     :data:`STEM_MAX_CHANNELS` input channels are faster direct (the packing of their short
-    reduction dominates).
+    reduction dominates; 3x3 stems are not when read in place, :data:`STEM_GEMM_MAX_TAPS`), and
+    so are unstrided ones of :data:`THIN_MAX_CHANNELS`.
     """
     if all(e == 1 for e in win.kernel) and all(s == 1 for s in win.strides) and not win.needs_copy():
-        return m >= GEMM_MIN_CHANNELS_POINTWISE
-    if kk // math.prod(win.kernel) <= STEM_MAX_CHANNELS:
+        return m >= GEMM_MIN_CHANNELS_POINTWISE and math.prod(win.out) >= GEMM_MIN_POSITIONS_POINTWISE
+    channels = kk // math.prod(win.kernel)
+    if channels <= STEM_MAX_CHANNELS:
+        return in_place_enabled() and math.prod(win.kernel) <= STEM_GEMM_MAX_TAPS
+    if channels <= THIN_MAX_CHANNELS and all(s == 1 for s in win.strides):
         return False
     return m >= GEMM_MIN_CHANNELS
 
@@ -490,7 +608,8 @@ class Conv(Kernel):
 
     def _prepacks(self, node: Node, ins: list[Operand | None]) -> bool:
         """Constant weights of a gemm-mode convolution are packed at compile time."""
-        return ins[1].value is not None and _plan(node, ins[0].type, ins[1].type, True).mode in ("gemm", "winograd")
+        return ins[1].value is not None and _plan(node, ins[0].type, ins[1].type, True).mode in ("gemm", "gemm_inplace",
+                                                                                                "winograd")
 
     def constants(self, node: Node, ins: list[Operand | None]) -> list[np.ndarray]:
         if not self._prepacks(node, ins):
@@ -527,6 +646,8 @@ class Conv(Kernel):
             set.add(k.fn.attributes, f'"prefer-vector-width"="{PREFER_VECTOR_WIDTH}"')
         if plan.mode == "gemm":
             return _convolve_gemm(k, plan, src_temp)
+        if plan.mode == "gemm_inplace":
+            return _convolve_gemm(k, plan, src_temp, next(temps))
         if plan.mode == "depthwise":
             from polyml.kernels.depthwise import convolve_depthwise, depthwise_plan
 
@@ -595,9 +716,10 @@ class Conv(Kernel):
             y.store(ix, out_temp.load([*ix[:-2], q]))
 
 
-def _convolve_gemm(k: KernelBuilder, plan: _Plan, scratch: Buffer) -> bool:
+def _convolve_gemm(k: KernelBuilder, plan: _Plan, scratch: Buffer, planes: Buffer | None = None) -> bool:
     """``y[m][q] = Σ_p w[m][p] · im2col(x)[p][q]`` through the packed GEMM (1x1 unstrided
-    convolutions read x itself as the B matrix), bias and the fused chain applied to each
+    convolutions read x itself as the B matrix; ``gemm_inplace`` reads the rows of im2col(x)
+    in place from the stride-phase copy ``planes``), bias and the fused chain applied to each
     register tile of y as the GEMM's epilogue.  True if the chain was fused so."""
     from polyml.kernels.matmul import packed_product
 
@@ -610,15 +732,20 @@ def _convolve_gemm(k: KernelBuilder, plan: _Plan, scratch: Buffer) -> bool:
     m, n, kk = _gemm_spec_dims(x.type, k.in_types[1], win)
     y_flat = view(k, y, (1, m, n), "y_flat")
     taps = math.prod(win.kernel)
-    pack_b = None
-    if all(e == 1 for e in win.kernel) and all(s == 1 for s in win.strides) and not win.needs_copy():
+    pack_b = in_place = None
+    load_b = None
+    b_operand = x
+    if plan.planes is not None:
+        b_operand = plan.planes.fill(k, x, planes)
+        in_place = packed.InPlaceB(1, plan.planes.offsets, plan.planes.qw, win.out[-1])
+    elif all(e == 1 for e in win.kernel) and all(s == 1 for s in win.strides) and not win.needs_copy():
         load_b = packed.matrix_loader(1, n)
     else:
         load_b = None
         pack_b = packed.im2col_packer(1, win.size, win.kernel, win.out[-1], n, win.strides, win.dilations,
                                       win.pads_begin, packed.blocking_for_host().nr)
     prepacked = bool(k.constants)  # the weights in panel order (Conv.constants)
-    operands: list[Buffer] = [k.constants[0] if prepacked else w, x]
+    operands: list[Buffer] = [k.constants[0] if prepacked else w, b_operand]
     bias_at = None
     if bias is not None:
         bias_at = len(operands)
@@ -657,9 +784,10 @@ def _convolve_gemm(k: KernelBuilder, plan: _Plan, scratch: Buffer) -> bool:
         return v
 
     has_epilogue = bias is not None or fused
-    spec = packed.GemmSpec(m, n, kk, packed.matrix_loader(0, kk), load_b, len(operands),
-                           epilogue=tile_epilogue if has_epilogue else None, make_builder=make_builder,
-                           prepacked_a=prepacked, kc_step=taps, pack_b=pack_b)
+    spec = packed.GemmSpec(m, plan.planes.columns if plan.planes is not None else n, kk, packed.matrix_loader(0, kk),
+                           load_b, len(operands), ldc=n, epilogue=tile_epilogue if has_epilogue else None,
+                           make_builder=make_builder, prepacked_a=prepacked, kc_step=taps, pack_b=pack_b,
+                           in_place_b=in_place)
     packed_product(k, spec, operands, y_flat, scratch)
     return fused
 

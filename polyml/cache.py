@@ -182,7 +182,13 @@ def cache_inputs(
         "polyml": {"version": __version__, "source_sha256": source_hash()},
         # host caches and POLYML_GEMM_BLOCKING decide the packed GEMM's blocks
         "gemm_blocking": dataclasses.asdict(blocking_for_host()),
+        "env": {k: os.environ[k] for k in CODEGEN_ENV if k in os.environ},
     }
+
+
+#: environment variables that change the generated code (kernel-path switches for A/B
+#: measurements); POLYML_GEMM_BLOCKING is covered by ``gemm_blocking``
+CODEGEN_ENV = ("POLYML_IGEMM", "POLYML_IGEMM_INPLACE", "POLYML_IGEMM_ROWS", "POLYML_CONV_INPLACE", "POLYML_WINOGRAD")
 
 
 def cache_key(inputs: dict) -> str:

@@ -162,6 +162,13 @@ GEMM_CASES = [
     ((1, 64, 14, 14), (130, 64, 1, 1), {}),  # 1x1: x read as the B matrix in place
     ((1, 64, 15, 15), (40, 64, 1, 1), {"strides": [2, 2]}),
     ((1, 3, 40, 40), (16, 3, 7, 7), {"strides": [2, 2], "pads": [3, 3, 3, 3]}),
+    # two kc blocks (64·9 > kc): the second adds into the remapped output; 20 rows: a partial tile
+    ((1, 64, 9, 11), (20, 64, 3, 3), {"pads": [1, 1, 1, 1]}),
+    # output rows of 4 columns: one 32-column tile spans 6 of them (pitch 6)
+    ((1, 24, 6, 4), (36, 24, 3, 3), {"pads": [1, 1, 1, 1]}),
+    # stride 3 and stride 2 with dilation 2: 9 / 4 phase planes, taps of one phase a row apart
+    ((1, 12, 17, 16), (33, 12, 3, 3), {"strides": [3, 3], "pads": [0, 1, 2, 0]}),
+    ((1, 12, 17, 16), (33, 12, 3, 3), {"strides": [2, 2], "dilations": [2, 2], "pads": [2, 2, 2, 2]}),
 ]
 
 
@@ -178,20 +185,36 @@ def _gemm_mode(xs: tuple[int, ...], ws: tuple[int, ...], attrs: dict) -> str:
 
 @pytest.mark.parametrize("xs,ws,attrs", GEMM_CASES, ids=[_id(c) for c in GEMM_CASES])
 @pytest.mark.parametrize("threads", [1, 2])
-def test_conv_as_packed_gemm(xs, ws, attrs, threads) -> None:
-    """Eligible shapes take the gemm mode (``conv="gemm"``) and match onnxruntime with bias,
-    1 and 2 threads."""
-    assert _gemm_mode(xs, ws, attrs) == "gemm"
+@pytest.mark.parametrize("in_place", [True, False], ids=["inplace", "packed"])
+def test_conv_as_packed_gemm(xs, ws, attrs, threads, in_place, monkeypatch) -> None:
+    """Eligible shapes take the gemm mode (``conv="gemm"``): B read in place from the
+    stride-phase planes (``gemm_inplace``, the default) or im2col packed
+    (``POLYML_CONV_INPLACE=0``); unstrided 1x1 convolutions read x itself either way.  Both
+    match onnxruntime with bias, 1 and 2 threads."""
+    monkeypatch.setenv("POLYML_CONV_INPLACE", "1" if in_place else "0")
+    pointwise = ws[2:] == (1, 1) and "strides" not in attrs and "pads" not in attrs
+    assert _gemm_mode(xs, ws, attrs) == ("gemm_inplace" if in_place and not pointwise else "gemm")
     w, b = params(ws)
     model = node_model("Conv", {"x": xs}, initializers={"w": w, "b": b}, **attrs)
     errs = compile_and_compare(model, x_feed(xs), threads=threads, conv="gemm")
     assert errs["y"] <= TOL, errs
 
 
+@pytest.mark.parametrize("case", [GEMM_CASES[1], GEMM_CASES[6]], ids=[_id(c) for c in (GEMM_CASES[1], GEMM_CASES[6])])
+def test_conv_in_place_gemm_weights_as_inputs(case) -> None:
+    """``gemm_inplace`` with computed weights: A is packed per block, not at compile time."""
+    xs, ws, attrs = case
+    w, b = params(ws)
+    feeds = {**x_feed(xs), "w": w, "b": b}
+    errs = compile_and_compare(node_model("Conv", {"x": xs, "w": w, "b": b}, **attrs), feeds, threads=2, conv="gemm")
+    assert errs["y"] <= TOL, errs
+
+
 def test_conv_choice_by_shape() -> None:
-    """``auto`` takes the GEMM from 32 output channels on (unstrided 1x1: 24), the direct nests
-    for narrower convolutions and for stems of up to 4 input channels (scripts/bench_conv.py's
-    measurements, single stems re-measured in the sixth session)."""
+    """``auto`` takes the GEMM from 32 output channels on (unstrided 1x1: 24, on maps of more
+    than 196 positions), the direct nests for narrower convolutions, unstrided ones of at most
+    16 input channels and stems of up to 4 input channels but 3x3 ones (scripts/bench_conv.py's
+    measurements, re-measured in the sixth and seventh sessions)."""
     from polyml.kernels.conv import _plan
 
     from polyml.codegen import gemm as packed
@@ -205,11 +228,16 @@ def test_conv_choice_by_shape() -> None:
     assert mode((1, 64, 56, 56), (256, 64, 1, 1), {}) == "gemm"
     assert mode((1, 144, 56, 56), (24, 144, 1, 1), {}) == "gemm"
     assert mode((1, 32, 56, 56), (16, 32, 1, 1), {}) == "pointwise"  # 16 output channels: direct
-    assert mode((1, 64, 56, 56), (64, 64, 3, 3), {"pads": [1, 1, 1, 1]}) == "gemm"
+    assert mode((1, 64, 56, 56), (64, 64, 3, 3), {"pads": [1, 1, 1, 1]}) == "gemm_inplace"
     assert mode((1, 16, 56, 56), (16, 16, 3, 3), {"pads": [1, 1, 1, 1]}) == "direct"
-    assert mode((1, 3, 224, 224), (64, 3, 3, 3), {"strides": [2, 2]}) == "phase"  # a 3-channel stem: direct
-    assert mode((1, 8, 224, 224), (64, 8, 3, 3), {"strides": [2, 2]}) == "gemm"
-    assert mode((1, 1024, 14, 14), (2048, 1024, 1, 1), {"strides": [2, 2]}) == "gemm"
+    assert mode((1, 16, 55, 55), (64, 16, 3, 3), {"pads": [1, 1, 1, 1]}) == "flat"  # 16 input channels
+    assert mode((1, 16, 56, 56), (64, 16, 3, 3), {"strides": [2, 2]}) == "gemm_inplace"  # ... strided
+    assert mode((1, 3, 224, 224), (64, 3, 3, 3), {"strides": [2, 2]}) == "gemm_inplace"  # a 3x3 stem
+    assert mode((1, 3, 224, 224), (64, 3, 7, 7), {"strides": [2, 2], "pads": [3, 3, 3, 3]}) == "phase"  # 7x7: direct
+    assert mode((1, 8, 224, 224), (64, 8, 3, 3), {"strides": [2, 2]}) == "gemm_inplace"
+    assert mode((1, 1024, 14, 14), (2048, 1024, 1, 1), {"strides": [2, 2]}) == "gemm_inplace"
+    assert mode((1, 1024, 14, 14), (256, 1024, 1, 1), {}) == "pointwise"  # 196 positions: direct
+    assert mode((1, 512, 7, 7), (2048, 512, 1, 1), {}) == "pointwise"
     assert mode((1, 64, 56, 56), (64, 64, 3, 3), {"pads": [1, 1, 1, 1]}, conv="direct") == "direct"
     assert mode((1, 256, 28, 28), (128, 256, 1, 1), {}, conv="direct") == "pointwise"
     with packed.packed_gemm(False):
@@ -243,6 +271,7 @@ def test_conv_gemm_fused_epilogue(tmp_path) -> None:
     path = tmp_path / "m.onnx"
     onnx.save(model, str(path))
     compiled = polyml_compile(path, tmp_path / "build", emit=["ll"], conv="gemm")
-    assert compiled.manifest["loop_nests"] <= 2  # the GEMM (+ nothing for the chain)
+    # the planes' zero fill and copy, the GEMM (2: packed, POLYML_CONV_INPLACE=0), nothing for the chain
+    assert compiled.manifest["loop_nests"] <= 4
     ir_text = "".join(p.read_text() for p in (tmp_path / "build").glob("ops.off*.ll") if ".opt." not in p.name)
     assert "polyml.ukernel." in ir_text

@@ -117,13 +117,13 @@ def test_winograd_choice(monkeypatch) -> None:
 
     assert mode(64, 56, 64) == "F4"
     assert mode(256, 14, 256) == "F2"
-    assert mode(512, 7, 512) == "gemm"
-    assert mode(16, 55, 64) == "gemm"
-    assert mode(64, 56, 64, constant=False) == "gemm"
-    assert mode(64, 56, 64, conv="gemm") == "gemm"
+    assert mode(512, 7, 512) == "gemm_inplace"
+    assert mode(16, 55, 64) == "flat"  # 16 input channels: the direct nests
+    assert mode(64, 56, 64, constant=False) == "gemm_inplace"
+    assert mode(64, 56, 64, conv="gemm") == "gemm_inplace"
     assert mode(64, 56, 64, conv="direct") != "winograd"
-    assert mode(64, 56, 64, strides=[2, 2]) == "gemm"
-    assert mode(64, 56, 64, dilations=[2, 2], pads=[2, 2, 2, 2]) == "gemm"
+    assert mode(64, 56, 64, strides=[2, 2]) == "gemm_inplace"
+    assert mode(64, 56, 64, dilations=[2, 2], pads=[2, 2, 2, 2]) == "gemm_inplace"
     assert mode(64, 56, 64, group=2) != "winograd"
     monkeypatch.setenv("POLYML_WINOGRAD", "x")
     from polyml.errors import PolymlError

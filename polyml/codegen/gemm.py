@@ -114,6 +114,22 @@ def host_blocking(features: str, l1: int = 32 << 10, l2: int = 1 << 20) -> Block
     return Blocking(mr, nr, w, mc, kc, nc, fma="+fma" in has or "+avx512f" in has)
 
 
+@dataclass(frozen=True)
+class InPlaceB:
+    """B read where it lies, for a convolution whose input was copied into stride-phase
+    planes (:class:`polyml.kernels.conv.PhasePlanes`): reduction row ``p`` of B is the run
+    ``src[offsets[p] + j]`` of operand ``operand``, for columns ``j`` in *pitch space*
+    (``j = oh·pitch + ow``: each output row padded to the source's row pitch), so the
+    micro-kernel loads its ``nr`` columns straight from the copy and nothing is packed.  C's
+    column ``j`` is output position ``oh·width + ow``; the ``pitch - width`` columns past each
+    row's end are computed and dropped when the tile is stored."""
+
+    operand: int
+    offsets: tuple[int, ...]
+    pitch: int
+    width: int
+
+
 @dataclass
 class GemmSpec:
     """One product ``C (M×N, row stride ldc) = A (M×K) · B (K×N)`` and how to read it."""
@@ -148,11 +164,16 @@ class GemmSpec:
     #: makes the block function's builder (positioned in its new entry block); a kernel that
     #: evaluates its epilogue with a :class:`KernelBuilder` of its own passes one here
     make_builder: Callable[[ir.Function], ir.IRBuilder] | None = None
+    #: B read in place in pitch space (``n`` counts pitch-space columns; C, row stride
+    #: ``ldc``, is addressed by output position): see :class:`InPlaceB`
+    in_place_b: InPlaceB | None = None
 
     def __post_init__(self) -> None:
         self.ldc = self.ldc or self.n
-        if self.load_b is None and self.pack_b is None:
-            raise ValueError("GemmSpec: B needs a load_b or a pack_b")
+        if self.load_b is None and self.pack_b is None and self.in_place_b is None:
+            raise ValueError("GemmSpec: B needs a load_b, a pack_b or in_place_b")
+        if self.in_place_b is not None and len(self.in_place_b.offsets) != self.k:
+            raise ValueError(f"GemmSpec: in_place_b has {len(self.in_place_b.offsets)} row offsets for K = {self.k}")
 
 
 def block_kc(spec: GemmSpec, blk: Blocking) -> int:
@@ -196,7 +217,7 @@ def split(spec: GemmSpec, blk: Blocking, parts: int) -> tuple[str, int]:
         # a pre-packed A is not packed but still streamed from memory by every thread
         a_all = spec.m * spec.k // (READ_PER_PACK if spec.prepacked_a else 1)
         a_share = per * blk.mr * spec.k // (READ_PER_PACK if spec.prepacked_a else 1)
-        b_div = READ_PER_PACK if spec.prepacked_b else 1
+        b_div = READ_PER_PACK if spec.prepacked_b or spec.in_place_b is not None else 1
         if dim == "n":
             packed = per * blk.nr * spec.k // b_div + a_all
         else:
@@ -303,23 +324,29 @@ def tile_loop(b: ir.IRBuilder, zero: ir.Constant, mr: int, vectors: int, trip: i
         b.ret_void()
 
 
-def micro_kernel(module: ir.Module, blk: Blocking, attrs: Sequence[str], lda: int = 0) -> ir.Function:
+def micro_kernel(module: ir.Module, blk: Blocking, attrs: Sequence[str], lda: int = 0, b_rows: bool = False) -> ir.Function:
     """``ukernel(kc, Ap, Bp, C, ldc, accumulate)``: one ``mr × nr`` register tile of C.
 
     ``Ap`` is an ``kc × mr`` packed A panel (``lda`` > 0: ``mr`` rows of A in place, row
-    stride ``lda``), ``Bp`` a ``kc × nr`` packed B panel; for each step
+    stride ``lda``), ``Bp`` a ``kc × nr`` packed B panel (``b_rows``: B in place, step ``p``
+    reads ``Bp + rows[p]``, an extra ``i32*`` argument ``rows`` after ``Bp``); for each step
     ``p`` the kernel loads ``nr/w`` vectors of B, broadcasts each of the ``mr`` A values and
     accumulates ``mr · nr/w`` FMAs into vector registers; at the end it stores (or, with
     ``accumulate``, adds) the tile into ``C`` with row stride ``ldc``.
     """
-    name = f"polyml.ukernel.{blk.mr}x{blk.nr}" + (f".lda{lda}" if lda else "")
+    name = f"polyml.ukernel.{blk.mr}x{blk.nr}" + (f".lda{lda}" if lda else "") + (".rows" if b_rows else "")
     existing = module.globals.get(name)
     if existing is not None:
         return existing
     vec = ir.VectorType(F32, blk.width)
-    fn = _function(module, name, [I64, F32P, F32P, F32P, I64, ir.IntType(1)], attrs, blk.width == 16)
+    i32p = ir.IntType(32).as_pointer()
+    fn = _function(module, name, [I64, F32P, F32P, *([i32p] if b_rows else []), F32P, I64, ir.IntType(1)], attrs,
+                   blk.width == 16)
     fn.linkage = "internal"
-    kc, ap, bp, c, ldc, accumulate = fn.args
+    if b_rows:
+        kc, ap, bp, rows_at, c, ldc, accumulate = fn.args
+    else:
+        kc, ap, bp, c, ldc, accumulate = fn.args
     for a in (ap, bp, c):
         a.add_attribute("noalias")
     b = ir.IRBuilder(fn.append_basic_block("entry"))
@@ -329,7 +356,10 @@ def micro_kernel(module: ir.Module, blk: Blocking, attrs: Sequence[str], lda: in
         fma_name = f"llvm.fma.v{blk.width}f32"
         fma = module.globals.get(fma_name) or ir.Function(module, ir.FunctionType(vec, [vec, vec, vec]), fma_name)
     def step(p: ir.Value, accs: list[list[ir.Value]]) -> list[list[ir.Value]]:
-        b_row = b.gep(bp, [b.mul(p, _c(blk.nr), flags=["nsw"])], inbounds=True)
+        if b_rows:
+            b_row = b.gep(bp, [b.sext(b.load(b.gep(rows_at, [p], inbounds=True)), I64)], inbounds=True)
+        else:
+            b_row = b.gep(bp, [b.mul(p, _c(blk.nr), flags=["nsw"])], inbounds=True)
         b_vecs = [b.load(b.bitcast(b.gep(b_row, [_c(v * blk.width)], inbounds=True), vec.as_pointer()), align=4)
                   for v in range(blk.vectors)]
         a_row = b.gep(ap, [p if lda else b.mul(p, _c(blk.mr), flags=["nsw"])], inbounds=True)
@@ -360,7 +390,8 @@ def block_function(module: ir.Module, name: str, spec: GemmSpec, blk: Blocking, 
     go through a stack tile and a guarded copy; the epilogue runs per tile after the last
     ``pc`` block.
     """
-    ukernel = micro_kernel(module, blk, attrs)
+    in_place = spec.in_place_b
+    ukernel = micro_kernel(module, blk, attrs, b_rows=in_place is not None)
     direct = spec.lda > 0 and not spec.prepacked_a
     direct_kernel = micro_kernel(module, blk, attrs, spec.lda) if direct else None
     args = [F32P] * spec.operands + [F32P, F32P, I64, I64, I64, I64]
@@ -379,6 +410,13 @@ def block_function(module: ir.Module, name: str, spec: GemmSpec, blk: Blocking, 
     a_pack = b.gep(scratch, [_c(mr * nr)], inbounds=True)
     b_pack = b.gep(a_pack, [_c(mc_pad * kc_max)], inbounds=True)
     ldc = _c(spec.ldc)
+    row_table = None
+    if in_place is not None:  # the reduction rows' offsets, a constant table
+        table_type = ir.ArrayType(ir.IntType(32), spec.k)
+        row_table = ir.GlobalVariable(module, table_type, f"{name}.brows")
+        row_table.global_constant = True
+        row_table.linkage = "internal"
+        row_table.initializer = ir.Constant(table_type, [int(o) for o in in_place.offsets])
 
     def c_addr(i: ir.Value, j: ir.Value) -> ir.Value:
         return b.gep(c, [b.add(b.mul(i, ldc, flags=["nsw"]), j, flags=["nsw"])], inbounds=True)
@@ -394,7 +432,9 @@ def block_function(module: ir.Module, name: str, spec: GemmSpec, blk: Blocking, 
             # pack B[pc:pc+kc, jc:jc+nc] into nr-wide panels: Bp[jp][p][jj]; columns past the
             # end read the last column (their results are never stored)
             panels_n = b.sdiv(b.add(nc, _c(nr - 1)), _c(nr))
-            if spec.prepacked_b:  # panels of columns jc.. in the kc block at pc: B + pc*Npad + jc*kc
+            if in_place is not None:
+                b_block = None
+            elif spec.prepacked_b:  # panels of columns jc.. in the kc block at pc: B + pc*Npad + jc*kc
                 b_block = b.gep(ops[1], [b.add(b.mul(pc, _c(_round_up(spec.n, nr))), b.mul(jc, kc))], inbounds=True)
             else:
                 b_block = b_pack
@@ -419,31 +459,89 @@ def block_function(module: ir.Module, name: str, spec: GemmSpec, blk: Blocking, 
                 with for_range(b, 0, panels_n, name="jr") as jp:
                     jr = b.mul(jp, _c(nr))
                     cols = _min(b, _c(nr), b.sub(nc, jr))
-                    bp = b.gep(b_block, [b.mul(jr, kc)], inbounds=True)
+                    if in_place is not None:
+                        bp = b.gep(ops[in_place.operand], [b.add(jc, jr)], inbounds=True)
+                        rows_at = b.gep(row_table, [_c(0), pc], inbounds=True)
+                    else:
+                        bp = b.gep(b_block, [b.mul(jr, kc)], inbounds=True)
                     with for_range(b, 0, panels_m, name="ir") as ipn:
                         ir_ = b.mul(ipn, _c(mr))
                         rows = _min(b, _c(mr), b.sub(mc, ir_))
                         ap = b.gep(a_block, [b.mul(ir_, kc)], inbounds=True)
                         i0 = b.add(ic, ir_)
                         j0 = b.add(jc, jr)
-                        full = b.and_(b.icmp_signed("==", rows, _c(mr)), b.icmp_signed("==", cols, _c(nr)))
-                        kernel = ukernel
-                        if direct:  # whole row tiles read A in place, the partial one its panel
-                            ap_in_place = b.gep(ops[0], [b.add(b.mul(i0, _c(spec.lda)), pc)], inbounds=True)
-                            whole_rows = b.icmp_signed("==", rows, _c(mr))
-                            ap = b.select(whole_rows, ap_in_place, ap)
-                            kernel = b.select(whole_rows, direct_kernel, ukernel)
-                        with b.if_else(full) as (then, otherwise):
-                            with then:
-                                b.call(kernel, [kc, ap, bp, c_addr(i0, j0), ldc, b.not_(first)])
-                                # constant bounds: LLVM vectorizes the epilogue along the tile's row
-                                _tile_epilogue(b, spec, ops, last, i0, j0, _c(mr), _c(nr), c_addr)
-                            with otherwise:
-                                b.call(kernel, [kc, ap, bp, tile, _c(nr), ir.Constant(ir.IntType(1), 0)])
-                                add_edge_tile(b, tile, nr, c_addr, i0, j0, rows, cols, first, ir.Constant(F32, 0.0), b.fadd)
-                                _tile_epilogue(b, spec, ops, last, i0, j0, rows, cols, c_addr)
+                        if in_place is not None:  # into the stack tile, then to the output positions
+                            b.call(ukernel, [kc, ap, bp, rows_at, tile, _c(nr), ir.Constant(ir.IntType(1), 0)])
+                            _store_remapped(b, spec, ops, tile, nr, first, last, i0, j0, rows, cols, c)
+                        else:
+                            _store_tile(b, spec, ops, blk, ukernel, direct_kernel if direct else None, ap, bp, tile, first,
+                                        last, i0, j0, pc, kc, rows, cols, c_addr)
     b.ret_void()
     return fn
+
+
+def _store_tile(b: ir.IRBuilder, spec: GemmSpec, ops: Sequence[ir.Value], blk: Blocking, ukernel: ir.Function,
+                direct_kernel: ir.Function | None, ap: ir.Value, bp: ir.Value, tile: ir.Value, first: ir.Value,
+                last: ir.Value, i0: ir.Value, j0: ir.Value, pc: ir.Value, kc: ir.Value, rows: ir.Value, cols: ir.Value,
+                c_addr: Callable[[ir.Value, ir.Value], ir.Value]) -> None:
+    """One register tile of C: whole tiles straight into C, edge tiles through the stack tile;
+    the epilogue after the last ``kc`` block."""
+    mr, nr = blk.mr, blk.nr
+    ldc = _c(spec.ldc)
+    full = b.and_(b.icmp_signed("==", rows, _c(mr)), b.icmp_signed("==", cols, _c(nr)))
+    kernel = ukernel
+    if direct_kernel is not None:  # whole row tiles read A in place, the partial one its panel
+        ap_in_place = b.gep(ops[0], [b.add(b.mul(i0, _c(spec.lda)), pc)], inbounds=True)
+        whole_rows = b.icmp_signed("==", rows, _c(mr))
+        ap = b.select(whole_rows, ap_in_place, ap)
+        kernel = b.select(whole_rows, direct_kernel, ukernel)
+    with b.if_else(full) as (then, otherwise):
+        with then:
+            b.call(kernel, [kc, ap, bp, c_addr(i0, j0), ldc, b.not_(first)])
+            # constant bounds: LLVM vectorizes the epilogue along the tile's row
+            _tile_epilogue(b, spec, ops, last, i0, j0, _c(mr), _c(nr), c_addr)
+        with otherwise:
+            b.call(kernel, [kc, ap, bp, tile, _c(nr), ir.Constant(ir.IntType(1), 0)])
+            add_edge_tile(b, tile, nr, c_addr, i0, j0, rows, cols, first, ir.Constant(F32, 0.0), b.fadd)
+            _tile_epilogue(b, spec, ops, last, i0, j0, rows, cols, c_addr)
+
+
+def _store_remapped(b: ir.IRBuilder, spec: GemmSpec, ops: Sequence[ir.Value], tile: ir.Value, nr: int,
+                    first: ir.Value, last: ir.Value, i0: ir.Value, j0: ir.Value, rows: ir.Value, cols: ir.Value,
+                    c: ir.Value) -> None:
+    """The stack tile (row pitch ``nr``) of pitch-space columns ``j0 ..`` into C by output
+    position (:class:`InPlaceB`): per output row the tile touches, the run of its columns that
+    are inside the row, ``C[i][oh·width + ow] (+)= tile[r][j - j0]`` (added from the second
+    ``kc`` block on), with the epilogue after the last block.  Each run is contiguous in the
+    tile and in C, so the copy vectorizes."""
+    ip = spec.in_place_b
+    pitch, width = _c(ip.pitch), _c(ip.width)
+    ldc = _c(spec.ldc)
+    end = b.add(j0, cols)
+    oh_first = b.udiv(j0, pitch)
+    oh_end = b.add(b.udiv(b.sub(end, _c(1)), pitch), _c(1))
+    zero = ir.Constant(F32, 0.0)
+    with for_range(b, oh_first, oh_end, name="remap.oh") as oh:
+        row_start = b.mul(oh, pitch)
+        lo = b.select(b.icmp_signed(">", j0, row_start), j0, row_start)
+        hi = _min(b, end, b.add(row_start, width))
+        shift = b.sub(b.mul(oh, width), row_start)  # output position = j + shift
+        for with_epilogue, branch in ((True, "epi"), (False, "acc")):
+            cond = last if with_epilogue else b.not_(last)
+            if spec.epilogue is None and with_epilogue:
+                continue
+            with b.if_then(cond if spec.epilogue is not None else ir.Constant(ir.IntType(1), 1)):
+                with for_range(b, 0, rows, name=f"remap.{branch}.r") as r:
+                    i = b.add(i0, r)
+                    t_row = b.gep(tile, [b.sub(b.mul(r, _c(nr)), j0)], inbounds=False)
+                    c_row = b.gep(c, [b.add(b.mul(i, ldc), shift)], inbounds=False)
+                    with for_range(b, lo, hi, name=f"remap.{branch}.j") as j:
+                        v = b.load(b.gep(t_row, [j], inbounds=False))
+                        dst = b.gep(c_row, [j], inbounds=False)
+                        v = b.fadd(b.select(first, zero, b.load(dst)), v)
+                        if with_epilogue:
+                            v = spec.epilogue(b, ops, i, b.add(j, shift), v)
+                        b.store(v, dst)
 
 
 def _tile_epilogue(b: ir.IRBuilder, spec: GemmSpec, ops: Sequence[ir.Value], last: ir.Value, i0: ir.Value,
