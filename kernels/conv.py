@@ -43,6 +43,7 @@ from polyml.kernels._scalar import PARALLEL_MIN_ELEMENTS
 from polyml.kernels.fused import epilogue, evaluate_chain
 
 from polyml.codegen.builder import Buffer, KernelBuilder, constant, pointer_type
+from polyml.codegen.gemm_rows import RowsSpec
 from polyml.driver.toolchain import host_target
 from polyml.errors import GraphError, ShapeError
 from polyml.graph import Node, TensorType
@@ -317,26 +318,36 @@ class PhasePlanes:
         return max(self.channels * sh * sw * self.qh * self.qw, reach)
 
     def fill(self, k: KernelBuilder, x: Buffer, temp: Buffer) -> Buffer:
-        """Zero the copy, then copy each phase's interior from ``x`` (1, C, H, W); returns the
-        copy as a flat buffer."""
-        flat = view(k, temp, (self.size,), "planes_flat")
-        with nest(k, [self.size], ["pz"], parallel=1 if self.size >= PARALLEL_MIN_ELEMENTS else 0) as (z,):
-            flat.store([z], k.f32(0.0))
+        """Fill the copy from ``x`` (1, C, H, W) in one parallel loop over the channels: per
+        phase plane, zeros on the border (the rows, then the row ends, no input position lands
+        on) and the interior copied; the run-out past the planes zeroed once.  Returns the copy
+        as a flat buffer."""
         (sh, sw), (h, w), (pt, pl) = self.win.strides, self.win.size, self.win.pads_begin
-        c = self.channels
-        shape = TensorType((c, sh, sw, self.qh, self.qw))  # a prefix of the copy (the rest: run-out)
+        c, qh, qw = self.channels, self.qh, self.qw
+        flat = view(k, temp, (self.size,), "planes_flat")
+        body = c * sh * sw * qh * qw
+        if self.size > body:
+            with nest(k, [(body, self.size)], ["pz"]) as (z,):
+                flat.store([z], k.f32(0.0))
+        shape = TensorType((c, sh, sw, qh, qw))  # a prefix of the copy (the rest: run-out)
         planes = Buffer(k, k.b.bitcast(temp.ptr, pointer_type(shape)), shape, "planes")
-        for ph in range(sh):
-            for pw in range(sw):
-                # q·s + ph - pad inside [0, size): q in [ceil((pad - ph)/s), floor((size - 1 + pad - ph)/s)]
-                rows = (max(0, -((ph - pt) // sh)), min(self.qh, (h - 1 + pt - ph) // sh + 1))
-                cols = (max(0, -((pw - pl) // sw)), min(self.qw, (w - 1 + pl - pw) // sw + 1))
-                if rows[1] <= rows[0] or cols[1] <= cols[0]:
-                    continue
-                extents = [c, rows, cols]
-                with nest(k, extents, ["pc", "pr", "pq"], parallel=1 if copy_parallel([1, *extents]) else 0) as (ci, r, q):
-                    v = x.load([0, ci, affine(k, [(sh, r)], ph - pt), affine(k, [(sw, q)], pw - pl)])
-                    planes.store([ci, ph, pw, r, q], v)
+        zero = k.f32(0.0)
+        with nest(k, [c], ["pc"], parallel=1 if copy_parallel([1, c, sh * sw * qh * qw]) else 0) as (ci,):
+            for ph in range(sh):
+                for pw in range(sw):
+                    # q·s + ph - pad inside [0, size): q in [ceil((pad - ph)/s), floor((size - 1 + pad - ph)/s)]
+                    r0 = min(qh, max(0, -((ph - pt) // sh)))
+                    r1 = max(r0, min(qh, (h - 1 + pt - ph) // sh + 1))
+                    c0 = min(qw, max(0, -((pw - pl) // sw)))
+                    c1 = max(c0, min(qw, (w - 1 + pl - pw) // sw + 1))
+                    for rows, cols in (((0, r0), (0, qw)), ((r1, qh), (0, qw)), ((r0, r1), (0, c0)), ((r0, r1), (c1, qw))):
+                        if rows[1] > rows[0] and cols[1] > cols[0]:
+                            with nest(k, [rows, cols], ["zr", "zq"]) as (r, q):
+                                planes.store([ci, ph, pw, r, q], zero)
+                    if r1 > r0 and c1 > c0:
+                        with nest(k, [(r0, r1), (c0, c1)], ["pr", "pq"]) as (r, q):
+                            v = x.load([0, ci, affine(k, [(sh, r)], ph - pt), affine(k, [(sw, q)], pw - pl)])
+                            planes.store([ci, ph, pw, r, q], v)
         return flat
 
 
@@ -387,6 +398,9 @@ def _plan(node: Node, x: TensorType, w: TensorType, constant_w: bool = False) ->
     wg = winograd_plan(node, x, w, win) if constant_w else None
     if wg is not None:  # 3x3/1 with weights transformed at compile time (kernels/winograd.py)
         return _Plan("winograd", win, wg.scratch)
+    rows = rows_plan(node, x, w, win) if constant_w else None
+    if rows is not None:  # output rows as register tiles (polyml/codegen/gemm_rows.py)
+        return rows
     scratch = _gemm_scratch(node, x, w, win)
     if scratch is not None:
         pointwise = all(k == 1 for k in win.kernel) and all(s == 1 for s in win.strides) and not win.needs_copy()
@@ -414,6 +428,55 @@ def _plan(node: Node, x: TensorType, w: TensorType, constant_w: bool = False) ->
         if _vector_ops(rows, bw) < 0.9 * win.out[-2] * _vector_ops(win.out[-1], bw):
             return _Plan("flat", win, src, TensorType((x.shape[0], w.shape[0], *win.out[:-2], rows)))
     return _Plan("direct", win, src)
+
+
+def rows_enabled() -> bool:
+    """Whether small-map convolutions may run with output rows as register tiles (``rows``,
+    default) (``POLYML_CONV_ROWS=0``: for A/B measurements)."""
+    return os.environ.get("POLYML_CONV_ROWS", "1") != "0"
+
+
+#: ``rows`` mode: output widths (positions per register tile) ...
+ROWS_WIDTHS = range(7, 15)
+#: ... and at least this many output channels (one tile of columns); 1x1 convolutions only
+#: with whole 32-channel panels and a reduction of this many times the output channels (the
+#: tile's transposing store is per element: with a short reduction it costs more than the
+#: columns the other paths pad).  Seventh session, single layers with ReLU6, 2 threads,
+#: minimum of 15 blocks, rows / before: 3x3 512->512 @7 0.75, 64->256 @13 0.68, 128->32 @7
+#: 0.66, 3x3/2 256->256 @14 0.74; 1x1 2048->512 @7 0.89, 960->160 @7 0.86, 512->128 @7 0.77,
+#: 576->96 @14 0.88, 1024->256 @14 0.95, but 512->2048 @7 1.08, 96->576 @14 1.17, 112->672 @14
+#: 1.24, 384->48 @13 1.07
+ROWS_MIN_CHANNELS = 32
+ROWS_POINTWISE_K_PER_CHANNEL = 2
+
+
+def rows_plan(node: Node, x: TensorType, w: TensorType, win: Window) -> _Plan | None:
+    """The ``rows`` plan (:mod:`polyml.codegen.gemm_rows`) for a convolution with constant
+    weights, or None: one group, batch 1, 2-D, a host build with the packed GEMM, ``conv=auto``,
+    an AVX-512 host, an output width in :data:`ROWS_WIDTHS` and :data:`ROWS_MIN_CHANNELS`
+    channels.  Unstrided, unpadded 1x1 convolutions read x itself, the rest a phase copy."""
+    from polyml.codegen import gemm as packed
+
+    if (win.rank != 2 or x.shape[0] != 1 or int(node.attrs.get("group", 1)) != 1 or not rows_enabled()
+            or not packed.enabled() or packed.conv_choice() != "auto"):
+        return None
+    blk = packed.blocking_for_host()
+    if blk.nr != 32 or blk.width != 16 or win.out[1] not in ROWS_WIDTHS or w.shape[0] < ROWS_MIN_CHANNELS:
+        return None
+    pointwise = all(k == 1 for k in win.kernel) and all(s == 1 for s in win.strides) and not win.needs_copy()
+    m, kk = w.shape[0], math.prod(w.shape[1:])
+    if math.prod(win.kernel) == 1 and (kk < ROWS_POINTWISE_K_PER_CHANNEL * m or m % 32):
+        return None
+    return _Plan("rows", win, planes=None if pointwise else PhasePlanes(x.shape[1], win, 1))
+
+
+def _rows_spec(plan: _Plan, x: TensorType, w: TensorType) -> RowsSpec:
+    win = plan.win
+    m, _, kk = _gemm_spec_dims(x, w, win)
+    if plan.planes is None:  # x itself: reduction row p = channel p
+        plane = math.prod(win.size)
+        return RowsSpec(m, kk, tuple(c * plane for c in range(kk)), win.out[0], win.out[1], win.size[1])
+    return RowsSpec(m, kk, plan.planes.offsets, win.out[0], win.out[1], plan.planes.qw)
 
 
 def _gemm_spec_dims(x: TensorType, w: TensorType, win: Window) -> tuple[int, int, int]:
@@ -609,7 +672,7 @@ class Conv(Kernel):
     def _prepacks(self, node: Node, ins: list[Operand | None]) -> bool:
         """Constant weights of a gemm-mode convolution are packed at compile time."""
         return ins[1].value is not None and _plan(node, ins[0].type, ins[1].type, True).mode in ("gemm", "gemm_inplace",
-                                                                                                "winograd")
+                                                                                                "rows", "winograd")
 
     def constants(self, node: Node, ins: list[Operand | None]) -> list[np.ndarray]:
         if not self._prepacks(node, ins):
@@ -622,6 +685,10 @@ class Conv(Kernel):
             from polyml.kernels.winograd import transform_weights, winograd_plan
 
             return [transform_weights(w, winograd_plan(node, ins[0].type, ins[1].type, plan.win))]
+        if plan.mode == "rows":
+            from polyml.codegen.gemm_rows import prepack_weights
+
+            return [prepack_weights(w.reshape(w.shape[0], -1))]
         return [packed.prepack_a(w.reshape(w.shape[0], -1), packed.blocking_for_host(), math.prod(w.shape[2:]))]
 
     def replaced_inputs(self, node: Node, ins: list[Operand | None]) -> set[int]:
@@ -648,6 +715,8 @@ class Conv(Kernel):
             return _convolve_gemm(k, plan, src_temp)
         if plan.mode == "gemm_inplace":
             return _convolve_gemm(k, plan, src_temp, next(temps))
+        if plan.mode == "rows":
+            return _convolve_gemm(k, plan, None, next(temps) if plan.planes is not None else None)
         if plan.mode == "depthwise":
             from polyml.kernels.depthwise import convolve_depthwise, depthwise_plan
 
@@ -735,7 +804,9 @@ def _convolve_gemm(k: KernelBuilder, plan: _Plan, scratch: Buffer, planes: Buffe
     pack_b = in_place = None
     load_b = None
     b_operand = x
-    if plan.planes is not None:
+    if plan.mode == "rows":
+        b_operand = plan.planes.fill(k, x, planes) if plan.planes is not None else x
+    elif plan.planes is not None:
         b_operand = plan.planes.fill(k, x, planes)
         in_place = packed.InPlaceB(1, plan.planes.offsets, plan.planes.qw, win.out[-1])
     elif all(e == 1 for e in win.kernel) and all(s == 1 for s in win.strides) and not win.needs_copy():
@@ -784,6 +855,12 @@ def _convolve_gemm(k: KernelBuilder, plan: _Plan, scratch: Buffer, planes: Buffe
         return v
 
     has_epilogue = bias is not None or fused
+    if plan.mode == "rows":
+        from polyml.codegen.gemm_rows import emit_rows
+
+        emit_rows(k, _rows_spec(plan, x.type, k.in_types[1]), b_operand, k.constants[0], operands[2:], y_flat,
+                  tile_epilogue if has_epilogue else None, make_builder)
+        return fused
     spec = packed.GemmSpec(m, plan.planes.columns if plan.planes is not None else n, kk, packed.matrix_loader(0, kk),
                            load_b, len(operands), ldc=n, epilogue=tile_epilogue if has_epilogue else None,
                            make_builder=make_builder, prepacked_a=prepacked, kc_step=taps, pack_b=pack_b,

@@ -210,6 +210,70 @@ def test_conv_in_place_gemm_weights_as_inputs(case) -> None:
     assert errs["y"] <= TOL, errs
 
 
+# -- output rows as register tiles (kernels/conv.py rows mode, polyml/codegen/gemm_rows.py) ----
+
+ROWS_CASES = [
+    ((1, 128, 7, 7), (64, 128, 1, 1), {}),  # x read in place
+    ((1, 48, 13, 13), (40, 48, 3, 3), {"pads": [1, 1, 1, 1]}),  # 40 channels: a partial panel
+    ((1, 24, 14, 14), (32, 24, 3, 3), {"strides": [2, 2], "pads": [1, 1, 1, 1]}),  # 7 wide, 4 phases
+    ((1, 16, 12, 14), (33, 16, 5, 3), {"pads": [2, 0, 2, 1]}),  # 12 x 13 outputs, asymmetric
+    ((1, 96, 9, 9), (32, 96, 1, 1), {"strides": [1, 1], "pads": [1, 1, 1, 1]}),  # padded 1x1: a copy
+]
+
+
+@pytest.mark.parametrize("xs,ws,attrs", ROWS_CASES, ids=[_id(c) for c in ROWS_CASES])
+@pytest.mark.parametrize("threads", [1, 2])
+def test_conv_rows(xs, ws, attrs, threads) -> None:
+    """Output maps 7-14 wide with 32+ channels take the rows mode (AVX-512 hosts) and match
+    onnxruntime with bias, 1 and 2 threads."""
+    from polyml.kernels.conv import _plan
+
+    from polyml.codegen import gemm as packed
+    from polyml.graph import TensorType
+
+    blk = packed.blocking_for_host()
+    with packed.packed_gemm(True, "auto"):
+        mode = _plan(Node("c", "Conv", ["x", "w"], ["y"], dict(attrs)), TensorType(xs), TensorType(ws), True).mode
+    assert mode == ("rows" if (blk.nr, blk.width) == (32, 16) else mode)
+    w, b = params(ws)
+    model = node_model("Conv", {"x": xs}, initializers={"w": w, "b": b}, **attrs)
+    errs = compile_and_compare(model, x_feed(xs), threads=threads)
+    assert errs["y"] <= TOL, errs
+
+
+def test_conv_rows_fused_epilogue(tmp_path) -> None:
+    """Conv → BatchNorm → Add(residual) → Relu on a 7x7 map: the chain runs in the rows
+    kernel's store (position-indexed residual), numerically as onnxruntime."""
+    from onnx import TensorProto, helper
+
+    from polyml.codegen import gemm as packed
+
+    rng = np.random.default_rng(5)
+    c, m, h = 40, 48, 7
+    w = rng.standard_normal((m, c, 3, 3)).astype(np.float32)
+    scale, bias, mean = (rng.standard_normal(m).astype(np.float32) for _ in range(3))
+    var = rng.uniform(0.5, 2, m).astype(np.float32)
+    inits = [helper.make_tensor(n, TensorProto.FLOAT, a.shape, a.ravel()) for n, a in
+             (("w", w), ("s", scale), ("bb", bias), ("mu", mean), ("var", var))]
+    nodes = [helper.make_node("Conv", ["x", "w"], ["c"], pads=[1, 1, 1, 1]),
+             helper.make_node("BatchNormalization", ["c", "s", "bb", "mu", "var"], ["bn"]),
+             helper.make_node("Add", ["bn", "r"], ["sum"]),
+             helper.make_node("Relu", ["sum"], ["y"])]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, c, h, h]),
+                                           helper.make_tensor_value_info("r", TensorProto.FLOAT, [1, m, h, h])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, m, h, h])], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    feeds = {"x": rng.standard_normal((1, c, h, h)).astype(np.float32), "r": rng.standard_normal((1, m, h, h)).astype(np.float32)}
+    errs = compile_and_compare(model, feeds, threads=2)
+    assert errs["y"] <= TOL, errs
+    if packed.blocking_for_host().nr == 32:
+        path = tmp_path / "m.onnx"
+        onnx.save(model, str(path))
+        polyml_compile(path, tmp_path / "build", emit=["ll"], threads=2)
+        ir_text = "".join(p.read_text() for p in (tmp_path / "build").glob("ops.off*.ll") if ".opt." not in p.name)
+        assert "polyml.rows_ukernel.7" in ir_text
+
+
 def test_conv_choice_by_shape() -> None:
     """``auto`` takes the GEMM from 32 output channels on (unstrided 1x1: 24, on maps of more
     than 196 positions), the direct nests for narrower convolutions, unstrided ones of at most
@@ -220,9 +284,9 @@ def test_conv_choice_by_shape() -> None:
     from polyml.codegen import gemm as packed
     from polyml.graph import TensorType
 
-    def mode(xs, ws, attrs, conv="auto"):
+    def mode(xs, ws, attrs, conv="auto", constant=False):
         with packed.packed_gemm(True, conv):
-            return _plan(Node("c", "Conv", ["x", "w"], ["y"], dict(attrs)), TensorType(xs), TensorType(ws)).mode
+            return _plan(Node("c", "Conv", ["x", "w"], ["y"], dict(attrs)), TensorType(xs), TensorType(ws), constant).mode
 
     assert mode((1, 256, 28, 28), (128, 256, 1, 1), {}) == "gemm"
     assert mode((1, 64, 56, 56), (256, 64, 1, 1), {}) == "gemm"
@@ -238,6 +302,15 @@ def test_conv_choice_by_shape() -> None:
     assert mode((1, 1024, 14, 14), (2048, 1024, 1, 1), {"strides": [2, 2]}) == "gemm_inplace"
     assert mode((1, 1024, 14, 14), (256, 1024, 1, 1), {}) == "pointwise"  # 196 positions: direct
     assert mode((1, 512, 7, 7), (2048, 512, 1, 1), {}) == "pointwise"
+    # constant weights on 7-14-wide maps: output rows as register tiles (AVX-512 hosts)
+    rows = "rows" if packed.blocking_for_host().nr == 32 else "pointwise"
+    assert mode((1, 2048, 7, 7), (512, 2048, 1, 1), {}, constant=True) == rows
+    assert mode((1, 512, 7, 7), (2048, 512, 1, 1), {}, constant=True) == "pointwise"  # 1x1 with K < 2M
+    assert mode((1, 384, 13, 13), (48, 384, 1, 1), {}, constant=True) == "pointwise"  # 1x1, 48 channels
+    assert mode((1, 512, 7, 7), (16, 512, 1, 1), {}, constant=True) == "pointwise"  # 16 channels
+    assert mode((1, 512, 7, 7), (512, 512, 3, 3), {"pads": [1, 1, 1, 1]}, constant=True) == rows.replace("pointwise",
+                                                                                                     "gemm_inplace")
+    assert mode((1, 2048, 7, 7), (512, 2048, 1, 1), {}, conv="gemm", constant=True) == "gemm"
     assert mode((1, 64, 56, 56), (64, 64, 3, 3), {"pads": [1, 1, 1, 1]}, conv="direct") == "direct"
     assert mode((1, 256, 28, 28), (128, 256, 1, 1), {}, conv="direct") == "pointwise"
     with packed.packed_gemm(False):

@@ -117,7 +117,7 @@ def test_winograd_choice(monkeypatch) -> None:
 
     assert mode(64, 56, 64) == "F4"
     assert mode(256, 14, 256) == "F2"
-    assert mode(512, 7, 512) == "gemm_inplace"
+    assert mode(512, 7, 512) in ("rows", "gemm_inplace")  # rows on AVX-512 hosts
     assert mode(16, 55, 64) == "flat"  # 16 input channels: the direct nests
     assert mode(64, 56, 64, constant=False) == "gemm_inplace"
     assert mode(64, 56, 64, conv="gemm") == "gemm_inplace"

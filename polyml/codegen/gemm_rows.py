@@ -1,0 +1,164 @@
+"""Convolutions on small maps with output positions as the register tile's rows.
+
+``y[m][oh·OW + ow] = Σ_p w[m][p] · x̂[p][oh, ow]`` as the product ``Yᵀ = X̂ᵀ · Wᵀ`` tiled so that
+one register tile is one *output row*: its ``OW`` positions are the tile's rows, 32 output
+channels (two 16-lane vectors) its columns.  In polyhedral terms the ``(oh, ow, m)`` space is
+tiled by ``1 × OW × 32`` and the ``ow`` and ``m`` tile loops are unrolled into registers, the
+whole reduction ``p`` running innermost.  It suits maps of 7-14 columns (ResNet's and
+MobileNet's 7x7 and 14x14 stages), where the packed GEMM's 32-position panels pad 49 positions
+to 64 and 196 to 224, and wastes nothing there: every tile row is an output position.
+
+* A (the im2col matrix, transposed) is never packed: position ``ow`` of output row ``oh`` at
+  reduction row ``p = (c, kh, kw)`` is ``src[offsets[p] + oh·pitch + ow]`` of the input itself
+  (unstrided 1x1) or of its stride-phase copy (:class:`polyml.kernels.conv.PhasePlanes`), so the
+  tile's ``OW`` broadcasts at step ``p`` are consecutive floats;
+* B is the weights, transposed and packed at compile time into 32-channel panels
+  ``[panel][p][32]`` (:func:`prepack_weights`);
+* the tile (``OW × 2`` vector accumulators, ``OW ≤`` :data:`MAX_ROWS`) holds the whole
+  reduction, then the tile is transposed through the stack into ``y``'s channel planes with
+  the epilogue (bias, fused chain) applied per element.
+
+Work units ``(panel, oh)`` are dealt to the threads panel-major, so a thread streams each
+weight panel once for all its rows.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import llvmlite.ir as ir
+import numpy as np
+
+from polyml.codegen.builder import F32, I64, Buffer, KernelBuilder, splat
+from polyml.codegen.gemm import F32P, Epilogue, _c, _function, _min, for_range, tile_loop
+
+#: output channels per tile (two AVX-512 vectors)
+CHANNELS = 32
+WIDTH = 16
+#: most positions per tile: 2 accumulators each + 2 weight vectors + 1 broadcast ≤ 32 zmm
+MAX_ROWS = 14
+
+
+@dataclass(frozen=True)
+class RowsSpec:
+    """One convolution as output-row tiles: ``m`` output channels, ``k`` reduction rows at
+    ``offsets`` (relative to the source's origin), ``rows × width`` outputs, output row ``oh``
+    starting at source position ``oh·pitch``."""
+
+    m: int
+    k: int
+    offsets: tuple[int, ...]
+    rows: int
+    width: int
+    pitch: int
+
+    @property
+    def panels(self) -> int:
+        return -(-self.m // CHANNELS)
+
+
+def prepack_weights(w: np.ndarray) -> np.ndarray:
+    """``w`` (M × K) as ``[panel][p][32]``: panel ``q``'s column ``jj`` is output channel
+    ``32q + jj`` (zeros past M)."""
+    m, k = w.shape
+    panels = -(-m // CHANNELS)
+    out = np.zeros((panels * CHANNELS, k), np.float32)
+    out[:m] = w
+    return np.ascontiguousarray(out.reshape(panels, CHANNELS, k).transpose(0, 2, 1)).ravel()
+
+
+def _micro_kernel(module: ir.Module, spec: RowsSpec, attrs: Sequence[str]) -> ir.Function:
+    """``ukernel(src_row, offsets, panel, tile)``: the ``width × 32`` tile over all ``k`` steps,
+    stored row-major (pitch 32) into ``tile``."""
+    name = f"polyml.rows_ukernel.{spec.width}"
+    existing = module.globals.get(name)
+    if existing is not None:
+        return existing
+    vec = ir.VectorType(F32, WIDTH)
+    i32p = ir.IntType(32).as_pointer()
+    fn = _function(module, name, [I64, F32P, i32p, F32P, F32P], attrs, True)
+    fn.linkage = "internal"
+    kc, src, rows_at, bp, tile = fn.args
+    for a in (src, bp, tile):
+        a.add_attribute("noalias")
+    b = ir.IRBuilder(fn.append_basic_block("entry"))
+    fma = module.globals.get("llvm.fma.v16f32") or ir.Function(module, ir.FunctionType(vec, [vec] * 3), "llvm.fma.v16f32")
+    vectors = CHANNELS // WIDTH
+
+    def step(p: ir.Value, accs: list[list[ir.Value]]) -> list[list[ir.Value]]:
+        b_row = b.gep(bp, [b.mul(p, _c(CHANNELS), flags=["nsw"])], inbounds=True)
+        b_vecs = [b.load(b.bitcast(b.gep(b_row, [_c(v * WIDTH)], inbounds=True), vec.as_pointer()), align=4)
+                  for v in range(vectors)]
+        a_row = b.gep(src, [b.sext(b.load(b.gep(rows_at, [p], inbounds=True)), I64)], inbounds=True)
+        new = []
+        for r in range(spec.width):
+            a_vec = splat(b, b.load(b.gep(a_row, [_c(r)], inbounds=True)), vec)
+            new.append([b.call(fma, [a_vec, b_vecs[v], accs[r][v]]) for v in range(vectors)])
+        return new
+
+    tile_loop(b, ir.Constant(vec, [0.0] * WIDTH), spec.width, vectors, kc, "p", step, tile, _c(CHANNELS),
+              ir.Constant(ir.IntType(1), 0), b.fadd)
+    return fn
+
+
+def emit_rows(k: KernelBuilder, spec: RowsSpec, src: Buffer, weights: Buffer, operands: Sequence[Buffer], y: Buffer,
+              epilogue: Epilogue | None, make_builder: Callable[[ir.Function], ir.IRBuilder] | None = None) -> None:
+    """``y`` (``m`` channel planes of ``rows·width`` positions) from ``src`` (the input or its
+    phase copy) and the packed ``weights``; ``operands`` are what ``epilogue(b, ops, channel,
+    position, value)`` reads (``ops`` = their pointers, after src and weights); ``make_builder``
+    as :attr:`polyml.codegen.gemm.GemmSpec.make_builder`."""
+    attrs = [a for a in k.fn.attributes if a != "noinline"]
+    ukernel = _micro_kernel(k.module, spec, attrs)
+    name = f"{k.fn.name}.rows{k.nests}"
+    k.nests += 1
+    table_type = ir.ArrayType(ir.IntType(32), spec.k)
+    table = ir.GlobalVariable(k.module, table_type, f"{name}.offsets")
+    table.global_constant = True
+    table.linkage = "internal"
+    table.initializer = ir.Constant(table_type, [int(o) for o in spec.offsets])
+
+    nops = 2 + len(operands)
+    fn = _function(k.module, name, [F32P] * (nops + 1) + [I64, I64], attrs, True)
+    fn.attributes.add("noinline")
+    *ops, out, u0, u1 = fn.args
+    for a in (*ops, out):
+        a.add_attribute("noalias")
+    b = make_builder(fn) if make_builder else ir.IRBuilder(fn.append_basic_block("entry"))
+    tile = b.alloca(ir.ArrayType(F32, spec.width * CHANNELS), name="tile")
+    tile_p = b.bitcast(tile, F32P)
+    plane = spec.rows * spec.width
+    with for_range(b, u0, u1, name="unit") as u:
+        panel = b.udiv(u, _c(spec.rows))
+        oh = b.urem(u, _c(spec.rows))
+        src_row = b.gep(ops[0], [b.mul(oh, _c(spec.pitch))], inbounds=True)
+        bp = b.gep(ops[1], [b.mul(panel, _c(spec.k * CHANNELS))], inbounds=True)
+        rows_at = b.gep(table, [_c(0), _c(0)], inbounds=True)
+        b.call(ukernel, [_c(spec.k), src_row, rows_at, bp, tile_p])
+        ch0 = b.mul(panel, _c(CHANNELS))
+        channels = _min(b, _c(CHANNELS), b.sub(_c(spec.m), ch0))
+        pos0 = b.mul(oh, _c(spec.width))
+        with for_range(b, 0, channels, name="store.ch") as ch:
+            i = b.add(ch0, ch)
+            dst_row = b.gep(out, [b.add(b.mul(i, _c(plane)), pos0)], inbounds=True)
+            with for_range(b, 0, spec.width, name="store.ow") as ow:
+                v = b.load(b.gep(tile_p, [b.add(b.mul(ow, _c(CHANNELS)), ch)], inbounds=True))
+                if epilogue is not None:
+                    v = epilogue(b, ops, i, b.add(pos0, ow), v)
+                b.store(v, b.gep(dst_row, [ow], inbounds=True))
+    b.ret_void()
+
+    units = spec.panels * spec.rows
+    bufs = [src, weights, *operands]
+    if k.parallel and units > 1:
+        threads = os.cpu_count() or 1
+        share = -(-units // threads)
+        count = -(-units // share)
+        with k.parallel_loop(0, count, "rows") as part:
+            kb = k.b
+            lo = kb.mul(part, _c(share))
+            hi = _min(kb, kb.add(lo, _c(share)), _c(units))
+            kb.call(fn, [*[kb.bitcast(x.ptr, F32P) for x in (*bufs, y)], lo, hi])
+    else:
+        k.b.call(fn, [*[k.b.bitcast(x.ptr, F32P) for x in (*bufs, y)], _c(0), _c(units)])
