@@ -111,6 +111,15 @@ def test_polyml_source_change_misses(cache_dir, small, tmp_path, monkeypatch) ->
     assert not polyml.compile(small, tmp_path / "c").cache["hit"]
 
 
+def test_codegen_switch_misses(cache_dir, small, tmp_path, monkeypatch) -> None:
+    """A kernel-path switch (``POLYML_CONV_ROWS``...) is part of the key: an A/B build in one
+    process must not get the other variant's artifact."""
+    polyml.compile(small, tmp_path / "a")
+    monkeypatch.setenv("POLYML_CONV_ROWS", "0")
+    assert not polyml.compile(small, tmp_path / "b").cache["hit"]
+    assert polyml.compile(small, tmp_path / "c").cache["hit"]
+
+
 def test_no_cache_and_env(cache_dir, small, tmp_path, monkeypatch) -> None:
     assert cli.main(["build", str(small), "-o", str(tmp_path / "a"), "--no-cache"]) == 0
     assert _entries() == []

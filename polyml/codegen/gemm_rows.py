@@ -15,8 +15,8 @@ to 64 and 196 to 224, and wastes nothing there: every tile row is an output posi
 * B is the weights, transposed and packed at compile time into 32-channel panels
   ``[panel][p][32]`` (:func:`prepack_weights`);
 * the tile (``OW × 2`` vector accumulators, ``OW ≤`` :data:`MAX_ROWS`) holds the whole
-  reduction, then the tile is transposed through the stack into ``y``'s channel planes with
-  the epilogue (bias, fused chain) applied per element.
+  reduction, then is transposed in registers (:func:`transpose16`) into per-channel runs of
+  ``OW`` positions, stored into ``y``'s channel planes with the epilogue (bias, fused chain).
 
 Work units ``(panel, oh)`` are dealt to the threads panel-major, so a thread streams each
 weight panel once for all its rows.
@@ -103,6 +103,27 @@ def _micro_kernel(module: ir.Module, spec: RowsSpec, attrs: Sequence[str]) -> ir
     return fn
 
 
+def transpose16(b: ir.IRBuilder, rows: list[ir.Value]) -> list[ir.Value]:
+    """The 16 × 16 matrix of 16 ``<16 x float>`` rows, transposed in registers: four butterfly
+    stages, stage ``k`` swapping the off-diagonal ``2^k``-blocks of each ``2^(k+1)``-block
+    (two-source shuffles; x86 lowers them to ``vunpck``/``vshuf``/``vperm2`` forms)."""
+    rows = list(rows)
+    for k in range(4):
+        blk = 1 << k
+        upper_mask = [j if not j & blk else 16 + j - blk for j in range(16)]
+        lower_mask = [j + blk if not j & blk else 16 + j for j in range(16)]
+        i32v = ir.VectorType(ir.IntType(32), 16)
+        out = list(rows)
+        for i in range(16):
+            if i & blk:
+                continue
+            a, c = rows[i], rows[i + blk]
+            out[i] = b.shuffle_vector(a, c, ir.Constant(i32v, upper_mask))
+            out[i + blk] = b.shuffle_vector(a, c, ir.Constant(i32v, lower_mask))
+        rows = out
+    return rows
+
+
 def emit_rows(k: KernelBuilder, spec: RowsSpec, src: Buffer, weights: Buffer, operands: Sequence[Buffer], y: Buffer,
               epilogue: Epilogue | None, make_builder: Callable[[ir.Function], ir.IRBuilder] | None = None) -> None:
     """``y`` (``m`` channel planes of ``rows·width`` positions) from ``src`` (the input or its
@@ -128,6 +149,10 @@ def emit_rows(k: KernelBuilder, spec: RowsSpec, src: Buffer, weights: Buffer, op
     b = make_builder(fn) if make_builder else ir.IRBuilder(fn.append_basic_block("entry"))
     tile = b.alloca(ir.ArrayType(F32, spec.width * CHANNELS), name="tile")
     tile_p = b.bitcast(tile, F32P)
+    # the tile transposed: channel-major, 16 positions per channel (those past width unused)
+    tile_t = b.alloca(ir.ArrayType(F32, CHANNELS * WIDTH), name="tile_t")
+    tile_tp = b.bitcast(tile_t, F32P)
+    vec = ir.VectorType(F32, WIDTH)
     plane = spec.rows * spec.width
     with for_range(b, u0, u1, name="unit") as u:
         panel = b.udiv(u, _c(spec.rows))
@@ -136,6 +161,13 @@ def emit_rows(k: KernelBuilder, spec: RowsSpec, src: Buffer, weights: Buffer, op
         bp = b.gep(ops[1], [b.mul(panel, _c(spec.k * CHANNELS))], inbounds=True)
         rows_at = b.gep(table, [_c(0), _c(0)], inbounds=True)
         b.call(ukernel, [_c(spec.k), src_row, rows_at, bp, tile_p])
+        for v in range(CHANNELS // WIDTH):  # 16 channels x width positions -> per-channel runs
+            loaded = [b.load(b.bitcast(b.gep(tile_p, [_c(r * CHANNELS + v * WIDTH)], inbounds=True), vec.as_pointer()),
+                             align=4) for r in range(spec.width)]
+            loaded += [ir.Constant(vec, [0.0] * WIDTH)] * (WIDTH - spec.width)
+            for c, row in enumerate(transpose16(b, loaded)):
+                b.store(row, b.bitcast(b.gep(tile_tp, [_c((v * WIDTH + c) * WIDTH)], inbounds=True), vec.as_pointer()),
+                        align=4)
         ch0 = b.mul(panel, _c(CHANNELS))
         channels = _min(b, _c(CHANNELS), b.sub(_c(spec.m), ch0))
         pos0 = b.mul(oh, _c(spec.width))
@@ -143,7 +175,7 @@ def emit_rows(k: KernelBuilder, spec: RowsSpec, src: Buffer, weights: Buffer, op
             i = b.add(ch0, ch)
             dst_row = b.gep(out, [b.add(b.mul(i, _c(plane)), pos0)], inbounds=True)
             with for_range(b, 0, spec.width, name="store.ow") as ow:
-                v = b.load(b.gep(tile_p, [b.add(b.mul(ow, _c(CHANNELS)), ch)], inbounds=True))
+                v = b.load(b.gep(tile_tp, [b.add(b.mul(ch, _c(WIDTH)), ow)], inbounds=True))
                 if epilogue is not None:
                     v = epilogue(b, ops, i, b.add(pos0, ow), v)
                 b.store(v, b.gep(dst_row, [ow], inbounds=True))
