@@ -363,7 +363,9 @@ class _Plan:
     one long row per plane, into ``out_temp`` (a few junk columns per row), then cropped.
     ``direct``: the rest.  ``gemm``: the packed GEMM on the im2col matrix packed on the fly;
     ``gemm_inplace``: the packed GEMM reading the im2col rows in place from a stride-phase copy
-    of x (:class:`PhasePlanes`, scratch in ``src_temp``).  ``depthwise`` and ``winograd``: :mod:`polyml.kernels.depthwise` and
+    of x (:class:`PhasePlanes`, scratch in ``src_temp``).  ``rows``: output rows as register
+    tiles on 7-14-wide maps (:mod:`polyml.codegen.gemm_rows`; x itself or its phase copy).
+    ``depthwise`` and ``winograd``: :mod:`polyml.kernels.depthwise` and
     :mod:`polyml.kernels.winograd` (their scratch in ``src_temp``).
     """
 
@@ -371,7 +373,7 @@ class _Plan:
     win: Window
     src_temp: TensorType | None = None
     out_temp: TensorType | None = None
-    #: ``gemm_inplace``: the stride-phase planes the GEMM reads B from (:class:`PhasePlanes`)
+    #: ``gemm_inplace``, ``rows``: the stride-phase copy of x the product reads (:class:`PhasePlanes`)
     planes: PhasePlanes | None = None
 
     @property
@@ -812,7 +814,6 @@ def _convolve_gemm(k: KernelBuilder, plan: _Plan, scratch: Buffer, planes: Buffe
     elif all(e == 1 for e in win.kernel) and all(s == 1 for s in win.strides) and not win.needs_copy():
         load_b = packed.matrix_loader(1, n)
     else:
-        load_b = None
         pack_b = packed.im2col_packer(1, win.size, win.kernel, win.out[-1], n, win.strides, win.dilations,
                                       win.pads_begin, packed.blocking_for_host().nr)
     prepacked = bool(k.constants)  # the weights in panel order (Conv.constants)
