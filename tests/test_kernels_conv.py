@@ -245,26 +245,9 @@ def test_conv_rows(xs, ws, attrs, threads) -> None:
 def test_conv_rows_fused_epilogue(tmp_path) -> None:
     """Conv → BatchNorm → Add(residual) → Relu on a 7x7 map: the chain runs in the rows
     kernel's store (position-indexed residual), numerically as onnxruntime."""
-    from onnx import TensorProto, helper
-
     from polyml.codegen import gemm as packed
 
-    rng = np.random.default_rng(5)
-    c, m, h = 40, 48, 7
-    w = rng.standard_normal((m, c, 3, 3)).astype(np.float32)
-    scale, bias, mean = (rng.standard_normal(m).astype(np.float32) for _ in range(3))
-    var = rng.uniform(0.5, 2, m).astype(np.float32)
-    inits = [helper.make_tensor(n, TensorProto.FLOAT, a.shape, a.ravel()) for n, a in
-             (("w", w), ("s", scale), ("bb", bias), ("mu", mean), ("var", var))]
-    nodes = [helper.make_node("Conv", ["x", "w"], ["c"], pads=[1, 1, 1, 1]),
-             helper.make_node("BatchNormalization", ["c", "s", "bb", "mu", "var"], ["bn"]),
-             helper.make_node("Add", ["bn", "r"], ["sum"]),
-             helper.make_node("Relu", ["sum"], ["y"])]
-    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, c, h, h]),
-                                           helper.make_tensor_value_info("r", TensorProto.FLOAT, [1, m, h, h])],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, m, h, h])], inits)
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
-    feeds = {"x": rng.standard_normal((1, c, h, h)).astype(np.float32), "r": rng.standard_normal((1, m, h, h)).astype(np.float32)}
+    model, feeds = _conv_bn_residual_relu(40, 48, 7, seed=5)
     errs = compile_and_compare(model, feeds, threads=2)
     assert errs["y"] <= TOL, errs
     if packed.blocking_for_host().nr == 32:
@@ -319,13 +302,11 @@ def test_conv_choice_by_shape() -> None:
                      TensorType((128, 256, 1, 1))).mode == "pointwise"
 
 
-def test_conv_gemm_fused_epilogue(tmp_path) -> None:
-    """Conv → BatchNorm → Add(residual) → Relu: the chain runs as the packed GEMM's tile
-    epilogue (no separate nest), numerically as onnxruntime."""
+def _conv_bn_residual_relu(c: int, m: int, h: int, seed: int) -> tuple[onnx.ModelProto, dict[str, np.ndarray]]:
+    """Conv 3x3 (c -> m, h x h) → BatchNormalization → Add(residual input r) → Relu, and feeds."""
     from onnx import TensorProto, helper
 
-    rng = np.random.default_rng(3)
-    c, m, h = 16, 32, 18
+    rng = np.random.default_rng(seed)
     w = rng.standard_normal((m, c, 3, 3)).astype(np.float32)
     scale, bias, mean = (rng.standard_normal(m).astype(np.float32) for _ in range(3))
     var = rng.uniform(0.5, 2, m).astype(np.float32)
@@ -340,6 +321,13 @@ def test_conv_gemm_fused_epilogue(tmp_path) -> None:
                               [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, m, h, h])], inits)
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
     feeds = {"x": rng.standard_normal((1, c, h, h)).astype(np.float32), "r": rng.standard_normal((1, m, h, h)).astype(np.float32)}
+    return model, feeds
+
+
+def test_conv_gemm_fused_epilogue(tmp_path) -> None:
+    """Conv → BatchNorm → Add(residual) → Relu: the chain runs as the packed GEMM's tile
+    epilogue (no separate nest), numerically as onnxruntime."""
+    model, feeds = _conv_bn_residual_relu(16, 32, 18, seed=3)
     errs = compile_and_compare(model, feeds, conv="gemm")
     assert errs["y"] <= TOL, errs
     path = tmp_path / "m.onnx"

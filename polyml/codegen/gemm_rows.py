@@ -70,8 +70,9 @@ def prepack_weights(w: np.ndarray) -> np.ndarray:
 
 
 def _micro_kernel(module: ir.Module, spec: RowsSpec, attrs: Sequence[str]) -> ir.Function:
-    """``ukernel(src_row, offsets, panel, tile)``: the ``width × 32`` tile over all ``k`` steps,
-    stored row-major (pitch 32) into ``tile``."""
+    """``ukernel(k, src_row, offsets, panel, tile)``: the ``width × 32`` tile over ``k`` steps
+    (step ``p`` broadcasts ``src_row[offsets[p] + r]`` for each row ``r`` and loads the panel's
+    32 weights), stored row-major (pitch 32) into ``tile``."""
     name = f"polyml.rows_ukernel.{spec.width}"
     existing = module.globals.get(name)
     if existing is not None:
@@ -108,11 +109,11 @@ def transpose16(b: ir.IRBuilder, rows: list[ir.Value]) -> list[ir.Value]:
     stages, stage ``k`` swapping the off-diagonal ``2^k``-blocks of each ``2^(k+1)``-block
     (two-source shuffles; x86 lowers them to ``vunpck``/``vshuf``/``vperm2`` forms)."""
     rows = list(rows)
+    i32v = ir.VectorType(ir.IntType(32), 16)
     for k in range(4):
         blk = 1 << k
         upper_mask = [j if not j & blk else 16 + j - blk for j in range(16)]
         lower_mask = [j + blk if not j & blk else 16 + j for j in range(16)]
-        i32v = ir.VectorType(ir.IntType(32), 16)
         out = list(rows)
         for i in range(16):
             if i & blk:
