@@ -107,6 +107,11 @@ class Window:
         """Whether some window reads outside the input (so a padded copy is needed)."""
         return any(pb > 0 or r - pb > n for pb, r, n in zip(self.pads_begin, self.required, self.size))
 
+    @property
+    def pointwise(self) -> bool:
+        """A 1x1 unstrided window inside the input: output position p reads input position p."""
+        return all(k == 1 for k in self.kernel) and all(s == 1 for s in self.strides) and not self.needs_copy()
+
     def padded_shape(self, lead: tuple[int, ...]) -> tuple[int, ...]:
         return (*lead, *self.required)
 
@@ -405,8 +410,7 @@ def _plan(node: Node, x: TensorType, w: TensorType, constant_w: bool = False) ->
         return rows
     scratch = _gemm_scratch(node, x, w, win)
     if scratch is not None:
-        pointwise = all(k == 1 for k in win.kernel) and all(s == 1 for s in win.strides) and not win.needs_copy()
-        if not pointwise and in_place_enabled():
+        if not win.pointwise and in_place_enabled():
             from polyml.kernels.matmul import packed_temps
 
             from polyml.codegen import gemm as packed
@@ -465,11 +469,10 @@ def rows_plan(node: Node, x: TensorType, w: TensorType, win: Window) -> _Plan | 
     blk = packed.blocking_for_host()
     if blk.nr != 32 or blk.width != 16 or win.out[1] not in ROWS_WIDTHS or w.shape[0] < ROWS_MIN_CHANNELS:
         return None
-    pointwise = all(k == 1 for k in win.kernel) and all(s == 1 for s in win.strides) and not win.needs_copy()
     m, kk = w.shape[0], math.prod(w.shape[1:])
     if math.prod(win.kernel) == 1 and (kk < ROWS_POINTWISE_K_PER_CHANNEL * m or m % 32):
         return None
-    return _Plan("rows", win, planes=None if pointwise else PhasePlanes(x.shape[1], win, 1))
+    return _Plan("rows", win, planes=None if win.pointwise else PhasePlanes(x.shape[1], win, 1))
 
 
 def _rows_spec(plan: _Plan, x: TensorType, w: TensorType) -> RowsSpec:
@@ -557,7 +560,7 @@ def prefer_gemm(win: Window, m: int, kk: int) -> bool:
     reduction dominates; 3x3 stems are not when read in place, :data:`STEM_GEMM_MAX_TAPS`), and
     so are unstrided ones of :data:`THIN_MAX_CHANNELS`.
     """
-    if all(e == 1 for e in win.kernel) and all(s == 1 for s in win.strides) and not win.needs_copy():
+    if win.pointwise:
         return m >= GEMM_MIN_CHANNELS_POINTWISE and math.prod(win.out) >= GEMM_MIN_POSITIONS_POINTWISE
     channels = kk // math.prod(win.kernel)
     if channels <= STEM_MAX_CHANNELS:
@@ -805,13 +808,12 @@ def _convolve_gemm(k: KernelBuilder, plan: _Plan, scratch: Buffer, planes: Buffe
     taps = math.prod(win.kernel)
     pack_b = in_place = None
     load_b = None
-    b_operand = x
-    if plan.mode == "rows":
-        b_operand = plan.planes.fill(k, x, planes) if plan.planes is not None else x
-    elif plan.planes is not None:
-        b_operand = plan.planes.fill(k, x, planes)
+    b_operand = plan.planes.fill(k, x, planes) if plan.planes is not None else x
+    if plan.mode == "gemm_inplace":
         in_place = packed.InPlaceB(1, plan.planes.offsets, plan.planes.qw, win.out[-1])
-    elif all(e == 1 for e in win.kernel) and all(s == 1 for s in win.strides) and not win.needs_copy():
+    elif plan.mode == "rows":
+        pass  # emit_rows below reads b_operand itself
+    elif win.pointwise:
         load_b = packed.matrix_loader(1, n)
     else:
         pack_b = packed.im2col_packer(1, win.size, win.kernel, win.out[-1], n, win.strides, win.dilations,

@@ -526,23 +526,29 @@ def _store_remapped(b: ir.IRBuilder, spec: GemmSpec, ops: Sequence[ir.Value], ti
         lo = b.select(b.icmp_signed(">", j0, row_start), j0, row_start)
         hi = _min(b, end, b.add(row_start, width))
         shift = b.sub(b.mul(oh, width), row_start)  # output position = j + shift
-        for with_epilogue, branch in ((True, "epi"), (False, "acc")):
-            cond = last if with_epilogue else b.not_(last)
-            if spec.epilogue is None and with_epilogue:
-                continue
-            with b.if_then(cond if spec.epilogue is not None else ir.Constant(ir.IntType(1), 1)):
-                with for_range(b, 0, rows, name=f"remap.{branch}.r") as r:
-                    i = b.add(i0, r)
-                    t_row = b.gep(tile, [b.sub(b.mul(r, _c(nr)), j0)], inbounds=False)
-                    c_row = b.gep(c, [b.add(b.mul(i, ldc), shift)], inbounds=False)
-                    with for_range(b, lo, hi, name=f"remap.{branch}.j") as j:
-                        v = b.load(b.gep(t_row, [j], inbounds=False))
-                        dst = b.gep(c_row, [j], inbounds=False)
-                        v = b.fadd(b.select(first, zero, b.load(dst)), v)
-                        if with_epilogue:
-                            v = spec.epilogue(b, ops, i, b.add(j, shift), v)
-                        b.store(v, dst)
 
+        def copy(with_epilogue: bool) -> None:
+            branch = "epi" if with_epilogue else "acc"
+            with for_range(b, 0, rows, name=f"remap.{branch}.r") as r:
+                i = b.add(i0, r)
+                t_row = b.gep(tile, [b.sub(b.mul(r, _c(nr)), j0)], inbounds=False)
+                c_row = b.gep(c, [b.add(b.mul(i, ldc), shift)], inbounds=False)
+                with for_range(b, lo, hi, name=f"remap.{branch}.j") as j:
+                    v = b.load(b.gep(t_row, [j], inbounds=False))
+                    dst = b.gep(c_row, [j], inbounds=False)
+                    v = b.fadd(b.select(first, zero, b.load(dst)), v)
+                    if with_epilogue:
+                        v = spec.epilogue(b, ops, i, b.add(j, shift), v)
+                    b.store(v, dst)
+
+        if spec.epilogue is None:
+            copy(False)
+        else:
+            with b.if_else(last) as (then, otherwise):
+                with then:
+                    copy(True)
+                with otherwise:
+                    copy(False)
 
 def _tile_epilogue(b: ir.IRBuilder, spec: GemmSpec, ops: Sequence[ir.Value], last: ir.Value, i0: ir.Value,
                    j0: ir.Value, rows: ir.Value, cols: ir.Value, c_addr: Callable[[ir.Value, ir.Value], ir.Value]) -> None:
