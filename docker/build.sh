@@ -90,7 +90,13 @@ say "wheelhouse: $(find "$CTX/wheelhouse" -name '*.whl' | wc -l) wheels, $(du -s
 docker buildx version >/dev/null 2>&1 || export DOCKER_BUILDKIT=0  # the legacy builder (docker.io 20.10)
 say "docker build -t $IMAGE${DOCKER_BUILDKIT:+ (DOCKER_BUILDKIT=$DOCKER_BUILDKIT)}"
 t0=$SECONDS
+previous=$(docker image inspect --format '{{.Id}}' "$IMAGE" 2>/dev/null || true)
 docker build -t "$IMAGE" -t polyml:latest "$CTX"
+# the image this build replaced lost its tags: remove it (1.8 GB each) unless a container uses it
+current=$(docker image inspect --format '{{.Id}}' "$IMAGE")
+if [ -n "$previous" ] && [ "$previous" != "$current" ]; then
+  docker rmi "$previous" >/dev/null 2>&1 && say "removed the image it replaced (${previous:7:12})" || true
+fi
 say "built $IMAGE in $((SECONDS - t0)) s ($(docker image inspect --format '{{.Size}}' "$IMAGE" | awk '{printf "%.0f MB", $1 / 1e6}'))"
 [ -n "$test_too" ] || exit 0
 

@@ -176,6 +176,11 @@ def _docker_engine() -> bool:
     return subprocess.run(["docker", "info"], capture_output=True, timeout=60).returncode == 0
 
 
+def _image_id(ref: str) -> str | None:
+    proc = subprocess.run(["docker", "image", "inspect", "--format", "{{.Id}}", ref], capture_output=True, text=True)
+    return proc.stdout.strip() if proc.returncode == 0 else None
+
+
 def _locked_hashes(lock: Path) -> set[str]:
     return set(re.findall(r"--hash=sha256:([0-9a-f]{64})", lock.read_text()))
 
@@ -213,6 +218,7 @@ def test_image_builds_and_passes_its_smoke_test(tmp_path) -> None:
     its smoke test passes: doctor, squeezenet vs onnxruntime, the rebuild from the manifest in the
     same and in a fresh container with the same artifact_sha256."""
     smoke = tmp_path / "smoke"
+    previous = _image_id("polyml:latest")
     proc = subprocess.run([str(ROOT / "docker" / "build.sh")], capture_output=True, text=True, timeout=2400,
                           env={**os.environ, "SMOKE_DIR": str(smoke), "PYTHON": sys.executable,
                                "POLYML_DOCKER_CONTEXT": str(tmp_path / "ctx")})
@@ -224,3 +230,6 @@ def test_image_builds_and_passes_its_smoke_test(tmp_path) -> None:
     fresh = json.loads((smoke / "squeezenet.fresh" / "manifest.json").read_text())
     assert fresh["artifact_sha256"] == summary["artifact_sha256"]
     assert summary["versions"]["lock_installed"] == "yes"
+    # the image this build replaced is removed, not left dangling (1.8 GB a build)
+    if previous and previous != _image_id("polyml:latest"):
+        assert _image_id(previous) is None, f"the replaced image {previous} was left behind"
