@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import llvmlite.ir as ir
 from polyml.kernels import Kernel, Operand, broadcast_shapes, register_instance, unsupported_dtype
 
-from polyml.codegen.builder import KernelBuilder, constant, is_float, llvm_type
+from polyml.codegen.builder import KernelBuilder, coalesced_views, constant, is_float, llvm_type
 from polyml.graph import Node, TensorType
 
 FLOAT = frozenset({"float32"})
@@ -208,9 +208,9 @@ class Elementwise(Kernel):
         return [TensorType(shape, result_dtype(node, [x.type.dtype for x in present]))]
 
     def lower(self, k: KernelBuilder) -> None:
-        out = k.outputs[0]
         bufs = [buf for buf in k.inputs if buf is not None]
         dtypes = [buf.type.dtype for buf in bufs]
+        out, bufs = coalesced_views(k.outputs[0], bufs)
         with k.loops(out.shape, parallel=outer_parallel_dims(out.shape)) as ix:
             vals = [buf.load(buf.broadcast_index(ix)) for buf in bufs]
             out.store(ix, scalar(k, k.node, vals, dtypes))

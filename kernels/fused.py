@@ -12,7 +12,7 @@ import llvmlite.ir as ir
 from polyml.kernels import Kernel, Operand, register
 from polyml.kernels._scalar import outer_parallel_dims, result_dtype, scalar
 
-from polyml.codegen.builder import Buffer, KernelBuilder
+from polyml.codegen.builder import Buffer, KernelBuilder, coalesced_views
 from polyml.graph import Node, TensorType
 
 
@@ -49,8 +49,8 @@ class FusedElementwise(Kernel):
         raise AssertionError("polyml.Elementwise is created after shape inference")
 
     def lower(self, k: KernelBuilder) -> None:
-        out = k.outputs[0]
-        buffers = {b.name: b for b in k.inputs if b is not None}
+        out, views = coalesced_views(k.outputs[0], [b for b in k.inputs if b is not None])
+        buffers = {b.name: b for b in views}
         with k.loops(out.shape, parallel=outer_parallel_dims(out.shape)) as ix:
             out.store(ix, evaluate_chain(k, k.node.attrs["body"], {}, buffers, ix))
 
@@ -62,7 +62,8 @@ def epilogue(k: KernelBuilder, y: Buffer) -> None:
     if not chain:
         return
     start = k.node.attrs["epilogue_start"]
-    buffers = {b.name: b for b in k.inputs[start:] if b is not None}
+    y, views = coalesced_views(y, [b for b in k.inputs[start:] if b is not None])
+    buffers = {b.name: b for b in views}
     acc = k.node.attrs["epilogue_acc"]
     with k.loops(y.shape, names=[f"e{d}" for d in range(y.rank)], parallel=outer_parallel_dims(y.shape)) as ix:
         y.store(ix, evaluate_chain(k, chain, {acc: y.load(ix)}, buffers, ix))

@@ -337,3 +337,32 @@ def test_conv_gemm_fused_epilogue(tmp_path) -> None:
     assert compiled.manifest["loop_nests"] <= 4
     ir_text = "".join(p.read_text() for p in (tmp_path / "build").glob("ops.off*.ll") if ".opt." not in p.name)
     assert "polyml.ukernel." in ir_text
+
+
+@pytest.mark.parametrize("c", [3, 40], ids=["one-kc-block", "kc-blocks"])  # K = 27 or 360 (> kc)
+@pytest.mark.parametrize("act", ["silu", "clip"])
+def test_conv_in_place_gemm_per_channel_epilogue(c, act) -> None:
+    """A per-channel chain (bias, SiLU or Clip) on the in-place GEMM: with one kc block it
+    runs on the stack tile's whole rows before the remap (GemmSpec.epilogue_per_row), with
+    several after the last block's remap; both as onnxruntime, strided with a pitch."""
+    from onnx import TensorProto, helper
+
+    rng = np.random.default_rng(11)
+    m, h = 24, 37
+    w = rng.standard_normal((m, c, 3, 3)).astype(np.float32) * 0.3
+    bias = rng.standard_normal(m).astype(np.float32)
+    inits = [helper.make_tensor("w", TensorProto.FLOAT, w.shape, w.ravel()), helper.make_tensor("b", TensorProto.FLOAT, [m], bias)]
+    nodes = [helper.make_node("Conv", ["x", "w", "b"], ["c"], pads=[1, 1, 1, 1], strides=[2, 2])]
+    if act == "silu":
+        nodes += [helper.make_node("Sigmoid", ["c"], ["s"]), helper.make_node("Mul", ["c", "s"], ["y"])]
+    else:
+        inits += [helper.make_tensor("lo", TensorProto.FLOAT, [], [0.0]), helper.make_tensor("hi", TensorProto.FLOAT, [], [6.0])]
+        nodes.append(helper.make_node("Clip", ["c", "lo", "hi"], ["y"]))
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, c, h, h])],
+                              [helper.make_empty_tensor_value_info("y")], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    assert _gemm_mode((1, c, h, h), (m, c, 3, 3), {"pads": [1, 1, 1, 1], "strides": [2, 2]}) == "gemm_inplace"
+    for threads in (1, 2):
+        errs = compile_and_compare(model, {"x": rng.standard_normal((1, c, h, h)).astype(np.float32)},
+                                   threads=threads, conv="gemm", cache=False)
+        assert errs["y"] <= TOL, errs

@@ -30,6 +30,14 @@ CASES = [
     ((1, 8, 1, 1), (3, 3), {"pads": [1, 1, 1, 1]}),
     ((1, 24, 56, 56), (3, 3), {"pads": [1, 1, 1, 1], "strides": [2, 2]}),
     ((2, 61, 7, 7), (3, 3), {"pads": [1, 1, 1, 1]}),  # groups of planes, a partial last group
+    # output rows of one vector or more: computed row by row on vector-aligned phase rows
+    ((1, 5, 16, 16), (3, 3), {"pads": [1, 1, 1, 1]}),  # exactly one vector per row
+    ((1, 3, 9, 17), (3, 3), {"pads": [1, 1, 1, 1]}),  # a one-lane tail
+    ((1, 4, 12, 70), (5, 5), {"pads": [2, 1, 0, 3]}),  # asymmetric pads, unused input rows
+    ((2, 3, 11, 45), (3, 3), {"pads": [1, 1, 1, 1], "strides": [1, 2]}),
+    ((1, 3, 20, 66), (3, 3), {"pads": [2, 2, 2, 2], "dilations": [2, 2]}),
+    ((1, 2, 13, 100), (3, 3), {"pads": [1, 1, 1, 1], "strides": [3, 3]}),  # stride 3: scalar copy loops
+    ((1, 6, 8, 35), (3, 3), {"auto_pad": "SAME_LOWER", "strides": [2, 2]}),
 ]
 
 
@@ -72,9 +80,10 @@ def test_depthwise_matches_onnxruntime(xs, ks, attrs) -> None:
     assert max(errs.values()) <= TOL, errs
 
 
+@pytest.mark.parametrize("width", [13, 37], ids=["flat", "rowwise"])
 @pytest.mark.parametrize("chain", ["relu6", "silu", "scale", "residual"])
-def test_depthwise_fused_chains(chain) -> None:
-    errs = compile_and_compare(_dw_model((1, 20, 11, 13), (3, 3), {"pads": [1, 1, 1, 1], "strides": [2, 2]}, chain=chain),
+def test_depthwise_fused_chains(chain, width) -> None:
+    errs = compile_and_compare(_dw_model((1, 20, 11, width), (3, 3), {"pads": [1, 1, 1, 1], "strides": [2, 2]}, chain=chain),
                                threads=2, cache=False)
     assert max(errs.values()) <= TOL, errs
 
@@ -116,3 +125,12 @@ def test_depthwise_plan_choice() -> None:
     assert plan.tap_offset(2, 2) == 8 + 1
     # 8 small planes: one group per thread share, each plane its own copy and accumulator
     assert plan.group == -(-8 // plan.parts) and plan.per_thread == plan.group * (plan.in_floats + plan.flat)
+    assert not plan.rowwise and plan.acc_floats == plan.flat
+    # 56x56 3x3/2: 28-wide output rows, computed row by row; the phase pitch (29) rounded up
+    # to whole vectors so each row starts aligned, the accumulator one row
+    x, w = TensorType((1, 8, 56, 56)), TensorType((8, 1, 3, 3))
+    with packed.packed_gemm(True):
+        plan = depthwise_plan(node, x, w, conv_window(node, x, w))
+    assert plan.rowwise and plan.pitch == -(-29 // plan.lanes) * plan.lanes
+    assert plan.acc_floats == -(-28 // plan.lanes) * plan.lanes
+    assert plan.in_floats % plan.lanes == 0 and plan.per_plane == plan.in_floats + plan.acc_floats
