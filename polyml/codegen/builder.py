@@ -425,9 +425,32 @@ def status_global(module: ir.Module) -> ir.GlobalVariable:
     return g
 
 
+#: marks loop metadata nodes that :func:`module_text` makes distinct and self-referential (an
+#: LLVM loop ID); llvmlite builds neither
+LOOP_ID_MARK = "polyml.loop.id"
+
+
+def loop_hint(b: ir.IRBuilder, back_edge: ir.Instruction, *hints: str) -> None:
+    """Attach ``!llvm.loop`` hints (``llvm.loop.unroll.disable``, ...) to a loop's back edge."""
+    m = b.module
+    count = getattr(m, "_polyml_loop_ids", 0)
+    m._polyml_loop_ids = count + 1
+    nodes = [m.add_metadata([ir.MetaDataString(m, h)]) for h in hints]
+    back_edge.set_metadata("llvm.loop", m.add_metadata([ir.MetaDataString(m, LOOP_ID_MARK),
+                                                        ir.MetaDataString(m, str(count)), *nodes]))
+
+
+def module_text(m: ir.Module) -> str:
+    """The module's IR with the :func:`loop_hint` nodes turned into loop IDs
+    (``!7 = distinct !{!7, !6}``)."""
+    return re.sub(r'^(!\d+) = !\{ ?!"' + re.escape(LOOP_ID_MARK) + r'", !"\d+", ?',
+                  lambda mo: f"{mo.group(1)} = distinct !{{{mo.group(1)}, ", str(m), flags=re.M)
+
+
 @contextmanager
 def counted_loop(b: ir.IRBuilder, lo: ir.Value, hi: ir.Value, tag: str, name: str, step: int = 1,
-                 branch_if: Callable[[ir.Value, ir.Block, ir.Block], object] | None = None) -> Iterator[ir.Value]:
+                 branch_if: Callable[[ir.Value, ir.Block, ir.Block], object] | None = None,
+                 hints: Sequence[str] = ()) -> Iterator[ir.Value]:
     """``for (iv = lo; iv < hi; iv += step)`` on ``b``: blocks ``<tag>.header/.body/.exit``, the
     i64 induction phi ``name`` tested with ``slt`` in the header (the canonical form Polly and
     SCEV read); yields ``iv``.  ``branch_if`` replaces ``b.cbranch`` for that test (the GPU
@@ -444,7 +467,9 @@ def counted_loop(b: ir.IRBuilder, lo: ir.Value, hi: ir.Value, tag: str, name: st
     b.position_at_end(body)
     yield iv
     iv.add_incoming(b.add(iv, ir.Constant(I64, step), flags=["nuw", "nsw"]), b.block)
-    b.branch(header)
+    back = b.branch(header)
+    if hints:
+        loop_hint(b, back, *hints)
     b.position_at_end(exit_)
 
 

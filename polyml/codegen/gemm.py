@@ -246,10 +246,11 @@ def _min(b: ir.IRBuilder, x: ir.Value, y: ir.Value) -> ir.Value:
 
 
 @contextmanager
-def for_range(b: ir.IRBuilder, lo: ir.Value | int, hi: ir.Value | int, step: int = 1, name: str = "i") -> Iterator[ir.Value]:
+def for_range(b: ir.IRBuilder, lo: ir.Value | int, hi: ir.Value | int, step: int = 1, name: str = "i",
+              hints: Sequence[str] = ()) -> Iterator[ir.Value]:
     """``for (iv = lo; iv < hi; iv += step)`` on a raw builder (:func:`counted_loop`); yields ``iv``."""
     with counted_loop(b, _c(lo) if isinstance(lo, int) else lo, _c(hi) if isinstance(hi, int) else hi, name, name,
-                      step) as iv:
+                      step, hints=hints) as iv:
         yield iv
 
 
@@ -526,10 +527,12 @@ def _store_remapped(b: ir.IRBuilder, spec: GemmSpec, ops: Sequence[ir.Value], ti
         # constant trip count: whole vectors) before the remap. The remap's runs are short
         # (≤ nr, split at output rows) and left LLVM's vector loop for its scalar remainder,
         # which for a SiLU epilogue cost more than the GEMM (EfficientNet's stem 0.60 -> 0.41 ms)
+        # the row loop is kept rolled: fully unrolled (a cheap epilogue such as bias + ReLU),
+        # LLVM vectorized the loop over rows instead, with gathers and scatters (3x slower)
         with b.if_then(b.and_(first, last)):
             with for_range(b, 0, rows, name="remap.tile.r") as r:
                 i = b.add(i0, r)
-                with for_range(b, 0, nr, name="remap.tile.j") as jj:
+                with for_range(b, 0, nr, name="remap.tile.j", hints=("llvm.loop.unroll.disable",)) as jj:
                     at = b.gep(tile, [b.add(b.mul(r, _c(nr)), jj)], inbounds=True)
                     b.store(spec.epilogue(b, ops, i, jj, b.load(at)), at)
     end = b.add(j0, cols)

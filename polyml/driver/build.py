@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING
 import llvmlite
 
 from polyml import __version__
+from polyml.codegen.builder import module_text
 from polyml.codegen.gemm import blocking_for_host
 from polyml.codegen.lower import LoweredModel, lower_graph
 from polyml.driver import artifact, flags
@@ -178,7 +179,7 @@ def build_artifact(
         sources = {}
         for name, m in modules.items():
             path = work / f"{name}.ll"
-            path.write_text(str(m))
+            path.write_text(module_text(m))
             sources[name] = path
         seconds["emit"] = time.perf_counter() - t0
         scop_imports = _stage_jscop_imports(options, sources, out, seconds, {s.function: s.policy for s in lowered.steps})
