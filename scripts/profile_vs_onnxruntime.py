@@ -1,5 +1,5 @@
-"""Where a model loses to onnxruntime, op by op: polyml's steps (``polyml_step``, the same order
-and buffers as a run) next to onnxruntime's node profile, matched by node name, sorted by the
+"""Where a model loses to onnxruntime, op by op: polyml's steps (:meth:`CompiledModel.profile`: the same
+order and buffers as a run) next to onnxruntime's node profile, matched by node name, sorted by the
 difference. Each side's figure is the minimum over ``--repeat`` runs (robust on a noisy host).
 
 onnxruntime fuses and renames nodes (``.../Clip_output_0_nchwc``): a row is keyed by the node
@@ -16,9 +16,7 @@ from __future__ import annotations
 
 import argparse
 import collections
-import ctypes
 import json
-import time
 from pathlib import Path
 
 import numpy as np
@@ -29,25 +27,9 @@ from polyml.runtime.model import CompiledModel
 
 
 def module_key(node: str) -> str:
-    return "/".join(node.split("/")[:-2])
-
-
-def polyml_steps(model: CompiledModel, feeds: dict[str, np.ndarray], repeat: int) -> list[dict]:
-    step = model._lib.polyml_step
-    step.argtypes = [ctypes.POINTER(ctypes.c_void_p), ctypes.c_int64]
-    step.restype = None
-    ready = model.check_inputs(feeds)
-    outs = {n: np.empty(s, d) for n, (s, d) in model.outputs.items()}
-    model._bind(ready, outs)
-    model._call(model._main)
-    fns = model.manifest["functions"]
-    times: list[list[float]] = [[] for _ in fns]
-    for _ in range(repeat):
-        for i in range(len(fns)):
-            t = time.perf_counter()
-            step(model._table, i)
-            times[i].append(time.perf_counter() - t)
-    return [{**f, "ms": min(t) * 1e3} for f, t in zip(fns, times)]
+    """``/a/b/conv/Conv`` → ``/a/b``; a name without a module path stands for itself."""
+    parts = node.split("/")
+    return "/".join(parts[:-2]) if len(parts) > 2 else node
 
 
 def onnxruntime_nodes(path: Path, feeds: dict[str, np.ndarray], threads: int, repeat: int) -> dict[str, float]:
@@ -76,7 +58,7 @@ def main() -> None:
     args = p.parse_args()
     model = CompiledModel(args.artifact)
     feeds = random_feeds(model)
-    rows = polyml_steps(model, feeds, args.repeat)
+    rows = [{**r, "ms": r["min_s"] * 1e3} for r in model.profile(feeds, repeat=args.repeat)]
     ort_nodes = onnxruntime_nodes(args.model, feeds, args.threads, args.repeat)
     by_module: dict[str, float] = collections.defaultdict(float)
     for name, ms in ort_nodes.items():

@@ -153,6 +153,7 @@ def test_profile_times_every_op_function(tmp_path, capsys) -> None:
     rows = compiled.profile(x, repeat=3)
     assert [r["op_type"] for r in rows] == ["Conv", "MaxPool"]
     assert all(r["median_s"] > 0 for r in rows)
+    assert all(0 < r["min_s"] <= r["median_s"] for r in rows)
     assert rows[0]["flops"] == 2.0 * 32 * 16 * 64 and "16->32" in rows[0]["detail"]
     assert cli.main(["bench", str(tmp_path / "build"), "--repeat", "2", "--warmup", "0", "--settle", "0",
                      "--profile", "5", "--json", str(tmp_path / "b.json")]) == 0
