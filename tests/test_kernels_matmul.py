@@ -302,16 +302,39 @@ def test_host_blocking_by_vector_isa(features: str, expect: tuple[int, int, int]
     assert (blk.mr, blk.nr, blk.width) == expect
     assert blk.nr % blk.width == 0 and blk.mc % blk.mr == 0 and blk.nc % blk.nr == 0
     assert blk.kc * blk.nr * 4 <= 48 << 10  # one B micro-panel fits L1
+    assert blk.nc_wide >= blk.nc and blk.nc_wide % blk.nr == 0
 
 
-@pytest.mark.parametrize("blocking", ["mr=6,nr=16,width=8", "mr=4,nr=8,width=4,fma=0", "mr=6,nr=16,width=8,kc=16"],
-                         ids=["avx2-like", "sse-like", "several-k-blocks"])
+def test_blocks_by_how_a_is_read() -> None:
+    """An A packed at run time takes the wide reduction and column blocks (A is packed again
+    per column block, C read again per reduction block); a pre-packed or in-place A the
+    L1/L2-sized ones.  A pre-packed B needs an A packed at run time (its layout uses that kc)."""
+    from polyml.codegen.gemm import GemmSpec, block_kc, block_nc, host_blocking, matrix_loader
+
+    blk = host_blocking("+avx512f,+fma", 32 << 10, 1 << 20, 32 << 20)
+    assert (blk.kc, blk.kc_wide, blk.nc, blk.nc_wide) == (256, 512, 512, 1024)
+
+    def spec(**how) -> GemmSpec:
+        return GemmSpec(64, 4096, 2048, load_a=matrix_loader(0, 2048), load_b=matrix_loader(1, 4096), operands=2, **how)
+
+    assert (block_kc(spec(), blk), block_nc(spec(), blk)) == (512, 1024)
+    assert (block_kc(spec(prepacked_b=True), blk), block_nc(spec(prepacked_b=True), blk)) == (512, 1024)
+    for constant in ({"prepacked_a": True}, {"lda": 2048}):
+        assert (block_kc(spec(**constant), blk), block_nc(spec(**constant), blk)) == (256, 512)
+        with pytest.raises(ValueError, match="pre-packed B"):
+            spec(prepacked_b=True, **constant)
+
+
+@pytest.mark.parametrize("blocking", ["mr=6,nr=16,width=8", "mr=4,nr=8,width=4,fma=0", "mr=6,nr=16,width=8,kc=16",
+                                      "mc=24,kc=16,nc=64,nc_wide=96"],
+                         ids=["avx2-like", "sse-like", "several-k-blocks", "several-blocks-everywhere"])
 def test_packed_gemm_other_vector_widths(blocking: str, monkeypatch) -> None:
     """The AVX2 (6x16 of 8-lane vectors) and SSE (4x8, no FMA) micro-kernels, forced through
     POLYML_GEMM_BLOCKING on this host, give the same products (GEMM and a conv as GEMM); with
-    ``kc=16`` every product takes several reduction blocks (edge tiles added into C)."""
+    ``kc=16`` every product takes several reduction blocks (edge tiles added into C); with small
+    ``mc``/``nc``/``nc_wide`` several row and column blocks too (A packed again per column block)."""
     monkeypatch.setenv("POLYML_GEMM_BLOCKING", blocking)
-    for op, inputs, attrs in (PACKED_CASES[0], PACKED_CASES[6]):
+    for op, inputs, attrs in (PACKED_CASES[0], PACKED_CASES[2], PACKED_CASES[6]):
         check(node_model(op, inputs, **attrs), feeds_for(inputs), threads=2, cache=False)
     rng = np.random.default_rng(2)
     w = rng.standard_normal((40, 16, 3, 3)).astype(np.float32)
@@ -323,7 +346,7 @@ def test_gemm_blocking_override_errors(monkeypatch) -> None:
     from polyml.codegen.gemm import blocking_for_host
     from polyml.errors import PolymlError
 
-    for bad in ("mr=x", "nr=20", "width=5,nr=20", "kc=0", "depth=3"):
+    for bad in ("mr=x", "nr=20", "width=5,nr=20", "kc=0", "nc_wide=-1", "depth=3"):
         monkeypatch.setenv("POLYML_GEMM_BLOCKING", bad)
         with pytest.raises(PolymlError, match="POLYML_GEMM_BLOCKING"):
             blocking_for_host()

@@ -85,19 +85,25 @@ class Blocking:
     kc: int
     nc: int
     fma: bool = True
+    #: ``kc`` and ``nc`` of products whose A is packed at run time (:func:`block_kc`,
+    #: :func:`block_nc`); 0: ``kc``, ``nc``
+    kc_wide: int = 0
+    nc_wide: int = 0
 
     @property
     def vectors(self) -> int:
         return self.nr // self.width
 
 
-def host_blocking(features: str, l1: int = 32 << 10, l2: int = 1 << 20) -> Blocking:
+def host_blocking(features: str, l1: int = 32 << 10, l2: int = 1 << 20, l3: int = 32 << 20) -> Blocking:
     """The blocking for a CPU with these LLVM target features and data cache sizes (bytes).
 
     AVX-512 (32 vector registers): a 12 × 32 tile, 24 zmm accumulators + 2 B vectors + 1
     broadcast of A.  AVX2 (16 registers): 6 × 16, 12 ymm accumulators.  ``kc`` sizes one
     ``kc × nr`` B micro-panel to L1, ``mc`` one ``mc × kc`` A block to a quarter of L2 and
-    ``nc`` the ``kc × nc`` B block to half of it.  Measured at 1024³ and 2048³ on the
+    ``nc`` the ``kc × nc`` B block to half of it.  Where A is packed at run time (a MatMul of
+    activations: :func:`block_kc`, :func:`block_nc`) ``kc_wide`` sizes the A block to half of L2
+    and ``nc_wide`` the B block to 1/16 of L3.  Measured at 1024³ and 2048³ on the
     development host (48 KiB L1, 2 MiB L2; 2 threads): kc 256-384 beat 192 by 5-10 %, mc
     from 96 to 480 and nc from 512 to 1344 within noise (``POLYML_GEMM_BLOCKING`` overrides).
     """
@@ -111,7 +117,9 @@ def host_blocking(features: str, l1: int = 32 << 10, l2: int = 1 << 20) -> Block
     kc = max(64, min(384, l1 // (4 * nr) // 16 * 16))
     mc = max(mr, min(480, (l2 // 4) // (4 * kc) // mr * mr))
     nc = max(nr, min(4096, (l2 // 2) // (4 * kc) // nr * nr))
-    return Blocking(mr, nr, w, mc, kc, nc, fma="+fma" in has or "+avx512f" in has)
+    kc_wide = max(kc, min(1024, (l2 // 2) // (4 * mc) // 16 * 16))
+    nc_wide = max(nc, min(4096, (l3 // 16) // (4 * kc_wide) // nr * nr))
+    return Blocking(mr, nr, w, mc, kc, nc, fma="+fma" in has or "+avx512f" in has, kc_wide=kc_wide, nc_wide=nc_wide)
 
 
 @dataclass(frozen=True)
@@ -176,20 +184,41 @@ class GemmSpec:
         self.ldc = self.ldc or self.n
         if self.load_b is None and self.pack_b is None and self.in_place_b is None:
             raise ValueError("GemmSpec: B needs a load_b, a pack_b or in_place_b")
+        if self.prepacked_b and (self.prepacked_a or self.lda):  # prepack_b's kc is block_kc's for a packed A
+            raise ValueError("GemmSpec: a pre-packed B goes with an A packed at run time")
         if self.in_place_b is not None and len(self.in_place_b.offsets) != self.k:
             raise ValueError(f"GemmSpec: in_place_b has {len(self.in_place_b.offsets)} row offsets for K = {self.k}")
 
 
+def packs_a(spec: GemmSpec) -> bool:
+    """Whether the block function packs A at run time (not pre-packed, not read in place)."""
+    return not spec.prepacked_a and not spec.lda
+
+
 def block_kc(spec: GemmSpec, blk: Blocking) -> int:
-    """The reduction block of this product: ``blk.kc`` rounded down to ``spec.kc_step``."""
-    return max(spec.kc_step, blk.kc // spec.kc_step * spec.kc_step)
+    """The reduction block of this product, a multiple of ``spec.kc_step``: ``blk.kc``, or
+    ``blk.kc_wide`` where A is packed at run time.  Each ``kc`` block reads and writes all of
+    C once more; for a MatMul of activations whose C leaves the caches that traffic is what
+    the wide block saves (2048³, 1 thread: kc 256 → 512, 173 → 163-166 ms; 2 threads 0.95x
+    the time).  A convolution's C (channels × positions) is small; its ``kc`` stays."""
+    kc = blk.kc_wide if packs_a(spec) and blk.kc_wide else blk.kc
+    return max(spec.kc_step, kc // spec.kc_step * spec.kc_step)
+
+
+def block_nc(spec: GemmSpec, blk: Blocking) -> int:
+    """The column block of this product.  Every ``nc`` block packs A's rows again, so where A
+    is packed at run time the B block grows from L2 to L3 size (``nc_wide``): 2048³ MatMul,
+    1 thread, 178 → 173 ms (nc 512 → 2048: A packed once instead of four times).  A
+    pre-packed A (a convolution's weights) or one read in place costs nothing per block, and
+    there the L2-sized B block stays, reused from L2 by every ``mc`` block of rows."""
+    return max(blk.nc, blk.nc_wide) if packs_a(spec) else blk.nc
 
 
 def packing_floats(spec: GemmSpec, blk: Blocking, m_part: int, n_part: int) -> int:
     """Floats of packing scratch one thread needs for an ``m_part × n_part`` share of C."""
     kc = min(block_kc(spec, blk), spec.k)
     mc = _round_up(min(blk.mc, spec.m), blk.mr)  # the block function's layout: see there
-    nc = _round_up(min(blk.nc, n_part), blk.nr)
+    nc = _round_up(min(block_nc(spec, blk), n_part), blk.nr)
     return (mc + nc) * kc + blk.mr * blk.nr
 
 
@@ -426,10 +455,11 @@ def block_function(module: ir.Module, name: str, spec: GemmSpec, blk: Blocking, 
     def c_addr(i: ir.Value, j: ir.Value) -> ir.Value:
         return b.gep(c, [b.add(b.mul(i, ldc, flags=["nsw"]), j, flags=["nsw"])], inbounds=True)
 
-    n_blocks = b.sdiv(b.add(b.sub(n1, n0), _c(blk.nc - 1)), _c(blk.nc))
+    nc_block = block_nc(spec, blk)
+    n_blocks = b.sdiv(b.add(b.sub(n1, n0), _c(nc_block - 1)), _c(nc_block))
     with for_range(b, 0, n_blocks, name="jc") as jcb:
-        jc = b.add(n0, b.mul(jcb, _c(blk.nc)))
-        nc = _min(b, _c(blk.nc), b.sub(n1, jc))
+        jc = b.add(n0, b.mul(jcb, _c(nc_block)))
+        nc = _min(b, _c(nc_block), b.sub(n1, jc))
         with for_range(b, 0, spec.k, kc_block, name="pc") as pc:
             kc = _min(b, _c(kc_block), b.sub(_c(spec.k), pc))
             first = b.icmp_signed("==", pc, _c(0))
@@ -604,15 +634,22 @@ def _pack_b_panel(b: ir.IRBuilder, spec: GemmSpec, ops: Sequence[ir.Value], dst_
 
 def _pack_a(b: ir.IRBuilder, spec: GemmSpec, ops: Sequence[ir.Value], a_pack: ir.Value, ic: ir.Value, pc: ir.Value,
             kc: ir.Value, panels_m: ir.Value, mr: int, first: ir.Value | None = None) -> None:
-    """A[ic:ic+mc, pc:pc+kc] into mr-high panels ``Ap[ip][p][r]`` (rows past M repeat the last)."""
+    """A[ic:ic+mc, pc:pc+kc] into mr-high panels ``Ap[ip][p][r]`` (rows past M repeat the last).
+
+    The ``mr`` rows are unrolled inside the loop over ``p``, so each step writes one
+    contiguous ``mr``-float row of the panel and LLVM vectorizes ``p`` with one contiguous
+    load and one 16-lane scatter per row.  With ``p`` inside a loop over ``r`` (the other order
+    of the transpose) LLVM vectorized ``r`` instead, with gathers and scatters: 2048³ MatMul,
+    1 thread, A packed 4 times (16 M elements), 198 → 178 ms."""
     with for_range(b, first if first is not None else 0, panels_m, name="pack_a.ip") as ip:
         dst_panel = b.gep(a_pack, [b.mul(b.mul(ip, kc), _c(mr))], inbounds=True)
         row0 = b.add(ic, b.mul(ip, _c(mr)))
-        with for_range(b, 0, mr, name="pack_a.r") as r:
-            row = _min(b, b.add(row0, r), _c(spec.m - 1))
-            with for_range(b, 0, kc, name="pack_a.p") as p:
-                v = spec.load_a(b, ops, row, b.add(pc, p))
-                b.store(v, b.gep(dst_panel, [b.add(b.mul(p, _c(mr)), r)], inbounds=True))
+        rows = [_min(b, b.add(row0, _c(r)), _c(spec.m - 1)) for r in range(mr)]
+        with for_range(b, 0, kc, name="pack_a.p") as p:
+            col = b.add(pc, p)
+            dst = b.gep(dst_panel, [b.mul(p, _c(mr))], inbounds=True)
+            for r, row in enumerate(rows):
+                b.store(spec.load_a(b, ops, row, col), b.gep(dst, [_c(r)], inbounds=True))
 
 
 def matrix_loader(index: int, ld: int, transposed: bool = False) -> Loader:
@@ -670,18 +707,23 @@ def blocking_for_host() -> Blocking:
     caches = host_data_caches()
     l1 = caches.get(1, (32 << 10, 8))[0]
     l2 = caches.get(2, (1 << 20, 16))[0]
-    blk = host_blocking(host_target().features, l1, l2)
+    l3 = caches.get(3, (32 << 20, 16))[0]
+    blk = host_blocking(host_target().features, l1, l2, l3)
     override = os.environ.get("POLYML_GEMM_BLOCKING", "")
-    if override:  # experiments: "mr=12,nr=32,mc=480,kc=192,nc=1344" (any subset; width=8,fma=0 too)
+    if override:  # experiments: "mr=12,nr=32,mc=480,kc=192,nc=1344" (any subset; kc_wide, nc_wide, width=8, fma=0 too)
         try:
             fields = {key.strip(): int(v) for key, v in (item.split("=") for item in override.split(","))}
             if "fma" in fields:
                 fields["fma"] = bool(fields["fma"])
+            for size in ("kc", "nc"):  # a block size set alone applies to every product
+                if size in fields:
+                    fields.setdefault(f"{size}_wide", fields[size])
             blk = replace(blk, **fields)
         except (ValueError, TypeError) as e:
-            raise PolymlError(f"POLYML_GEMM_BLOCKING={override!r}: expected mr=..,nr=..,mc=..,kc=..,nc=..,width=..,fma=0|1 "
+            raise PolymlError(f"POLYML_GEMM_BLOCKING={override!r}: expected mr=..,nr=..,mc=..,kc=..,nc=..,kc_wide=..,nc_wide=..,width=..,fma=0|1 "
                               f"({e})") from None
-        if blk.width not in (4, 8, 16) or blk.nr % blk.width or min(blk.mr, blk.nr, blk.mc, blk.kc, blk.nc) < 1:
+        if blk.width not in (4, 8, 16) or blk.nr % blk.width or min(blk.mr, blk.nr, blk.mc, blk.kc, blk.nc) < 1 \
+                or min(blk.kc_wide, blk.nc_wide) < 0:
             raise PolymlError(f"POLYML_GEMM_BLOCKING={override!r}: width must be 4, 8 or 16, nr a multiple of it "
                               f"({blk.width}), every size positive")
     return blk
@@ -707,7 +749,7 @@ def prepack_b(bm: np.ndarray, blk: Blocking) -> np.ndarray:
     ``[p][jj]``.  Element ``(pc + p, j)`` lands at ``pc·Npad + (j - j % nr)·kc_b + p·nr + j % nr``."""
     k, n = bm.shape
     npad = _round_up(n, blk.nr)
-    kc = max(1, blk.kc)  # block_kc with kc_step 1
+    kc = max(1, blk.kc_wide or blk.kc)  # block_kc: a pre-packed B goes with an A packed at run time
     padded = np.zeros((k, npad), np.float32)
     padded[:, :n] = bm
     parts = [padded[pc:pc + kc].reshape(-1, npad // blk.nr, blk.nr).transpose(1, 0, 2).ravel() for pc in range(0, k, kc)]
