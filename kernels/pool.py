@@ -12,6 +12,7 @@ large as the last window needs (ceil mode can run past the end padding).  Then:
 
 Max pooling that would need the padded copy, with every window holding an input row
 (:func:`separable_max`; ResNet's 3x3/2 pad 1), skips the copy and goes row by row instead
+(so does one without padding whose output rows are shorter than a vector)
 (:func:`_max_rows`): per output row ``(n, c, o')`` (``o'`` the output position without its
 last dim), the max over the leading taps at every input column (contiguous, so it vectorizes)
 into a stack row padded with the identity, then the max of the last dim's taps read from that
@@ -64,6 +65,14 @@ from polyml.graph import Node, TensorType
 UNROLL_TAPS = 32
 #: the widest row (elements) the row form of max pooling keeps on the stack of a (worker) thread
 MAX_ROW = 1 << 14
+#: max pooling that needs no padded copy goes row by row too where its output rows are at
+#: most this wide: the unrolled nest's last loop is shorter than a 16-lane vector there and
+#: LLVM vectorized an outer loop with gathers (ninth session, single MaxPool, 1 thread,
+#: minimum of 300, unrolled -> rows: 2x2/2 512@28 0.342 -> 0.093 ms, 512@14 0.056 -> 0.027,
+#: 3x3/2 480@28 0.335 -> 0.121, 256@27 (SqueezeNet) 0.180 -> 0.073, 832@14 0.110 -> 0.050;
+#: from 16 columns the unrolled nest is as fast or faster: 2x2/2 128@32 0.013 vs 0.017,
+#: 256@56 0.053 vs 0.083, 3x3/2 256@40 0.049 vs 0.076, 128@55 and 64@111 tie)
+ROWS_MAX_UNPADDED_WIDTH = 15
 
 NEG_INF = float("-inf")
 
@@ -136,11 +145,11 @@ def _maxnum(k: KernelBuilder, a: ir.Value, b: ir.Value) -> ir.Value:
 def separable_max(win: Window) -> bool:
     """Whether :func:`_max_rows` computes this max pool: some window reads outside the input
     (the row form's gain is the padded copy it drops; where no copy is needed the unrolled form
-    reads the input once and was faster: 2x2/2 on int8 1x64x56x56 0.007 ms against 0.017 ms),
-    every window holds an input position in each leading dim, a leading dim whose taps can
+    reads the input once and was faster: 2x2/2 on int8 1x64x56x56 0.007 ms against 0.017 ms)
+    or the output rows are narrow (:data:`ROWS_MAX_UNPADDED_WIDTH`), every window holds an input position in each leading dim, a leading dim whose taps can
     leave the input has dilation 1 (so the clamped tap stays in the window), both tap loops
     are small enough to unroll and the padded row fits :data:`MAX_ROW`."""
-    if not win.needs_copy() or math.prod(win.kernel[:-1]) > UNROLL_TAPS or win.kernel[-1] > UNROLL_TAPS:
+    if (not win.needs_copy() and win.out[-1] > ROWS_MAX_UNPADDED_WIDTH) or math.prod(win.kernel[:-1]) > UNROLL_TAPS or win.kernel[-1] > UNROLL_TAPS:
         return False
     if win.required[-1] > MAX_ROW:
         return False
@@ -302,7 +311,10 @@ class _Pool(Kernel):
             if not isinstance(k, GpuKernelBuilder):
                 _max_rows(k, x, y, win, identity, combine)
                 return
-            src, shift = GuardedSource(k, x, win, constant(dtype, identity)), [0] * r
+            if win.needs_copy():
+                src, shift = GuardedSource(k, x, win, constant(dtype, identity)), [0] * r
+            else:
+                src, shift = padded_source(k, x, win, None, identity)
         else:
             src, shift = padded_source(k, x, win, k.temps[0] if k.temps else None, identity)
         taps = math.prod(win.kernel)

@@ -98,10 +98,11 @@ MAX_EXACT = [
     # ResNet's 3x3/2 pad 1, large enough for the parallel nests (>= 32K elements)
     ((1, 16, 56, 56), {"kernel_shape": [3, 3], "strides": [2, 2], "pads": [1, 1, 1, 1]}, True),
     ((1, 3, 7, 9), {"kernel_shape": [3, 3], "strides": [2, 2], "pads": [1, 1, 1, 1]}, True),
+    # unpadded: the unrolled nest from 16 output columns, rows below (ROWS_MAX_UNPADDED_WIDTH)
     ((1, 16, 56, 56), {"kernel_shape": [2, 2], "strides": [2, 2]}, False),
-    ((1, 3, 7, 9), {"kernel_shape": [2, 2], "strides": [2, 2]}, False),
+    ((1, 3, 7, 9), {"kernel_shape": [2, 2], "strides": [2, 2]}, True),
     ((1, 4, 7, 9), {"kernel_shape": [3, 3], "pads": [1, 1, 1, 1]}, True),
-    ((1, 4, 7, 9), {"kernel_shape": [3, 3]}, False),
+    ((1, 4, 7, 9), {"kernel_shape": [3, 3]}, True),
     ((1, 3, 8, 10), {"kernel_shape": [3, 3], "strides": [2, 2], "ceil_mode": 1}, True),
     ((1, 3, 8, 10), {"kernel_shape": [3, 3], "strides": [2, 2], "pads": [1, 1, 1, 1], "ceil_mode": 1}, True),
     ((1, 3, 7, 9), {"kernel_shape": [3, 2], "strides": [2, 3], "pads": [0, 1, 2, 0]}, True),
@@ -113,13 +114,16 @@ MAX_EXACT = [
     ((1, 3, 9, 11), {"kernel_shape": [2, 3], "strides": [1, 2], "dilations": [3, 2], "pads": [0, 2, 0, 2]}, True),
     ((1, 3, 9, 11), {"kernel_shape": [2, 3], "strides": [1, 2], "dilations": [1, 2], "pads": [0, 1, 1, 1]}, True),
     ((2, 3, 13), {"kernel_shape": [3], "strides": [2], "pads": [1, 1]}, True),
-    ((2, 3, 13), {"kernel_shape": [3], "strides": [2]}, False),
+    ((2, 3, 13), {"kernel_shape": [3], "strides": [2]}, True),
     ((1, 2, 5, 7, 9), {"kernel_shape": [3, 3, 3], "strides": [2, 2, 2], "pads": [1, 1, 1, 1, 1, 1]}, True),
     ((1, 2, 5, 7, 9), {"kernel_shape": [2, 3, 2], "strides": [1, 2, 2], "pads": [0, 1, 1, 1, 0, 1], "ceil_mode": 1}, True),
     # 49 taps: the row form unrolls 7 + 7 (the unrolled form would loop over the taps)
     ((1, 2, 14, 15), {"kernel_shape": [7, 7], "strides": [2, 2], "pads": [3, 3, 3, 3]}, True),
     # a padded row wider than MAX_ROW: the padded copy
     ((1, 2, 16390), {"kernel_shape": [3], "strides": [2], "pads": [1, 1]}, False),
+    # unpadded at the width where the unrolled nest takes over
+    ((1, 2, 5, 31), {"kernel_shape": [3, 3], "strides": [2, 2]}, True),
+    ((1, 2, 5, 33), {"kernel_shape": [3, 3], "strides": [2, 2]}, False),
 ]
 DTYPES_8 = ["float32", "int8", "uint8"]
 
