@@ -217,8 +217,10 @@ def test_maxpool_indices_unsupported() -> None:
 
 
 @pytest.mark.parametrize("op", ["GlobalAveragePool", "GlobalMaxPool"])
-@pytest.mark.parametrize("xs", [(2, 3, 5, 6), (1, 4, 7), (1, 2, 3, 4, 5), (1, 5, 1, 1), (1, 16, 7, 7)], ids=str)
+@pytest.mark.parametrize("xs", [(2, 3, 5, 6), (1, 4, 7), (1, 2, 3, 4, 5), (1, 5, 1, 1), (1, 16, 7, 7), (2, 37, 29, 31)],
+                         ids=str)
 def test_global_pool(op, xs) -> None:
+    """The last shape (66K elements) runs the nest in parallel over (n, c)."""
     check(node_model(op, {"x": xs}), x_feed(xs))
 
 
