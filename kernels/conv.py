@@ -562,6 +562,14 @@ def prefer_gemm(win: Window, m: int, kk: int) -> bool:
     """
     if win.pointwise:
         return m >= GEMM_MIN_CHANNELS_POINTWISE and math.prod(win.out) >= GEMM_MIN_POSITIONS_POINTWISE
+    if all(k == 1 for k in win.kernel) and not win.needs_copy():
+        # strided 1x1 without padding (ResNet's downsampling shortcuts): the pointwise nests on
+        # a compact subsampled copy; the GEMM on stride-phase planes pads each short row of
+        # pitch-space columns to whole 32-column panels (ninth session, single layers with
+        # ReLU, minimum of 180: 1 thread 1x1/2 1024->2048 @14 2.63 -> 2.22 ms, 512->1024 @28
+        # 2.28 -> 2.00, 256->512 @56 2.23 -> 2.08; 2 threads 1.30 -> 1.15, 1.16 -> 1.00,
+        # 1.28 -> 1.05; onnxruntime 1.9-2.0 ms at 1 thread on the first two)
+        return False
     channels = kk // math.prod(win.kernel)
     if channels <= STEM_MAX_CHANNELS:
         return in_place_enabled() and math.prod(win.kernel) <= STEM_GEMM_MAX_TAPS

@@ -285,7 +285,10 @@ def test_conv_choice_by_shape() -> None:
     assert mode((1, 3, 224, 224), (64, 3, 3, 3), {"strides": [2, 2]}) == "gemm_inplace"  # a 3x3 stem
     assert mode((1, 3, 224, 224), (64, 3, 7, 7), {"strides": [2, 2], "pads": [3, 3, 3, 3]}) == "phase"  # 7x7: direct
     assert mode((1, 8, 224, 224), (64, 8, 3, 3), {"strides": [2, 2]}) == "gemm_inplace"
-    assert mode((1, 1024, 14, 14), (2048, 1024, 1, 1), {"strides": [2, 2]}) == "gemm_inplace"
+    # strided 1x1 (a downsampling shortcut): the pointwise nests on a subsampled copy
+    assert mode((1, 1024, 14, 14), (2048, 1024, 1, 1), {"strides": [2, 2]}) == "pointwise"
+    assert mode((1, 256, 56, 56), (512, 256, 1, 1), {"strides": [2, 2]}) == "pointwise"
+    assert mode((1, 1024, 14, 14), (2048, 1024, 1, 1), {"strides": [2, 2]}, conv="gemm") == "gemm_inplace"
     assert mode((1, 1024, 14, 14), (256, 1024, 1, 1), {}) == "pointwise"  # 196 positions: direct
     assert mode((1, 512, 7, 7), (2048, 512, 1, 1), {}) == "pointwise"
     # constant weights on 7-14-wide maps: output rows as register tiles (AVX-512 hosts)
