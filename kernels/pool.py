@@ -146,12 +146,13 @@ def separable_max(win: Window) -> bool:
     """Whether :func:`_max_rows` computes this max pool: some window reads outside the input
     (the row form's gain is the padded copy it drops; where no copy is needed the unrolled form
     reads the input once and was faster: 2x2/2 on int8 1x64x56x56 0.007 ms against 0.017 ms)
-    or the output rows are narrow (:data:`ROWS_MAX_UNPADDED_WIDTH`), every window holds an input position in each leading dim, a leading dim whose taps can
-    leave the input has dilation 1 (so the clamped tap stays in the window), both tap loops
-    are small enough to unroll and the padded row fits :data:`MAX_ROW`."""
-    if (not win.needs_copy() and win.out[-1] > ROWS_MAX_UNPADDED_WIDTH) or math.prod(win.kernel[:-1]) > UNROLL_TAPS or win.kernel[-1] > UNROLL_TAPS:
+    or the output rows are narrow (:data:`ROWS_MAX_UNPADDED_WIDTH`); every window holds an
+    input position in each leading dim, a leading dim whose taps can leave the input has
+    dilation 1 (so the clamped tap stays in the window), both tap loops are small enough to
+    unroll and the padded row fits :data:`MAX_ROW`."""
+    if not win.needs_copy() and win.out[-1] > ROWS_MAX_UNPADDED_WIDTH:
         return False
-    if win.required[-1] > MAX_ROW:
+    if math.prod(win.kernel[:-1]) > UNROLL_TAPS or win.kernel[-1] > UNROLL_TAPS or win.required[-1] > MAX_ROW:
         return False
     counts = tap_counts(win, (0,) * win.rank, win.size)
     return all(counts[d].min() == win.kernel[d] or (counts[d].min() > 0 and win.dilations[d] == 1)

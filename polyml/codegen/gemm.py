@@ -119,7 +119,8 @@ def host_blocking(features: str, l1: int = 32 << 10, l2: int = 1 << 20, l3: int 
     nc = max(nr, min(4096, (l2 // 2) // (4 * kc) // nr * nr))
     kc_wide = max(kc, min(1024, (l2 // 2) // (4 * mc) // 16 * 16))
     nc_wide = max(nc, min(4096, (l3 // 16) // (4 * kc_wide) // nr * nr))
-    return Blocking(mr, nr, w, mc, kc, nc, fma="+fma" in has or "+avx512f" in has, kc_wide=kc_wide, nc_wide=nc_wide)
+    return Blocking(mr, nr, w, mc, kc, nc, fma="+fma" in has or "+avx512f" in has, kc_wide=kc_wide,
+                    nc_wide=nc_wide)
 
 
 @dataclass(frozen=True)
@@ -201,7 +202,7 @@ def block_kc(spec: GemmSpec, blk: Blocking) -> int:
     C once more; for a MatMul of activations whose C leaves the caches that traffic is what
     the wide block saves (2048³, 1 thread: kc 256 → 512, 173 → 163-166 ms; 2 threads 0.95x
     the time).  A convolution's C (channels × positions) is small; its ``kc`` stays."""
-    kc = blk.kc_wide if packs_a(spec) and blk.kc_wide else blk.kc
+    kc = (blk.kc_wide or blk.kc) if packs_a(spec) else blk.kc
     return max(spec.kc_step, kc // spec.kc_step * spec.kc_step)
 
 
@@ -211,7 +212,7 @@ def block_nc(spec: GemmSpec, blk: Blocking) -> int:
     1 thread, 178 → 173 ms (nc 512 → 2048: A packed once instead of four times).  A
     pre-packed A (a convolution's weights) or one read in place costs nothing per block, and
     there the L2-sized B block stays, reused from L2 by every ``mc`` block of rows."""
-    return max(blk.nc, blk.nc_wide) if packs_a(spec) else blk.nc
+    return (blk.nc_wide or blk.nc) if packs_a(spec) else blk.nc
 
 
 def packing_floats(spec: GemmSpec, blk: Blocking, m_part: int, n_part: int) -> int:
@@ -710,7 +711,8 @@ def blocking_for_host() -> Blocking:
     l3 = caches.get(3, (32 << 20, 16))[0]
     blk = host_blocking(host_target().features, l1, l2, l3)
     override = os.environ.get("POLYML_GEMM_BLOCKING", "")
-    if override:  # experiments: "mr=12,nr=32,mc=480,kc=192,nc=1344" (any subset; kc_wide, nc_wide, width=8, fma=0 too)
+    # experiments: "mr=12,nr=32,mc=480,kc=192,nc=1344" (any subset; kc_wide, nc_wide, width=8, fma=0 too)
+    if override:
         try:
             fields = {key.strip(): int(v) for key, v in (item.split("=") for item in override.split(","))}
             if "fma" in fields:
@@ -720,8 +722,8 @@ def blocking_for_host() -> Blocking:
                     fields.setdefault(f"{size}_wide", fields[size])
             blk = replace(blk, **fields)
         except (ValueError, TypeError) as e:
-            raise PolymlError(f"POLYML_GEMM_BLOCKING={override!r}: expected mr=..,nr=..,mc=..,kc=..,nc=..,kc_wide=..,nc_wide=..,width=..,fma=0|1 "
-                              f"({e})") from None
+            raise PolymlError(f"POLYML_GEMM_BLOCKING={override!r}: expected mr=..,nr=..,mc=..,kc=..,nc=..,"
+                              f"kc_wide=..,nc_wide=..,width=..,fma=0|1 ({e})") from None
         if blk.width not in (4, 8, 16) or blk.nr % blk.width or min(blk.mr, blk.nr, blk.mc, blk.kc, blk.nc) < 1 \
                 or min(blk.kc_wide, blk.nc_wide) < 0:
             raise PolymlError(f"POLYML_GEMM_BLOCKING={override!r}: width must be 4, 8 or 16, nr a multiple of it "
