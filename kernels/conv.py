@@ -410,7 +410,7 @@ def _plan(node: Node, x: TensorType, w: TensorType, constant_w: bool = False) ->
         return rows
     scratch = _gemm_scratch(node, x, w, win)
     if scratch is not None:
-        if not win.pointwise and in_place_enabled():
+        if not _unpadded_1x1(win) and in_place_enabled():
             from polyml.kernels.matmul import packed_temps
 
             from polyml.codegen import gemm as packed
@@ -419,7 +419,7 @@ def _plan(node: Node, x: TensorType, w: TensorType, constant_w: bool = False) ->
             m, _, kk = _gemm_spec_dims(x, w, win)
             return _Plan("gemm_inplace", win, packed_temps(m, planes.columns, kk)[0], planes=planes)
         return _Plan("gemm", win, scratch)
-    if all(k == 1 for k in win.kernel) and not win.needs_copy():
+    if _unpadded_1x1(win):
         sub = None if all(s == 1 for s in win.strides) else TensorType((*lead, *win.out))
         return _Plan("pointwise", win, sub)
     if win.strides[-1] > 1:
@@ -484,6 +484,12 @@ def _rows_spec(plan: _Plan, x: TensorType, w: TensorType) -> RowsSpec:
     return RowsSpec(m, kk, plan.planes.offsets, win.out[0], win.out[1], plan.planes.qw)
 
 
+def _unpadded_1x1(win: Window) -> bool:
+    """A 1x1 window inside the input, of any stride: its im2col matrix is x (subsampled), with
+    no tap reading an element twice, so the GEMM packs it rather than reading phase planes."""
+    return all(k == 1 for k in win.kernel) and not win.needs_copy()
+
+
 def _gemm_spec_dims(x: TensorType, w: TensorType, win: Window) -> tuple[int, int, int]:
     """(M, N, K) of the convolution as a product: output channels x output positions x
     (input channels · taps)."""
@@ -514,18 +520,6 @@ def _gemm_scratch(node: Node, x: TensorType, w: TensorType, win: Window) -> Tens
 #: direct nests' register blocks of 8 channels are as good and the GEMM's packing is spread over
 #: too few output channels) ...
 GEMM_MIN_CHANNELS = 32
-#: ... and unstrided 1x1 convolutions (x itself is the B matrix, nothing to gather) from this
-#: many (two register tiles of rows)
-GEMM_MIN_CHANNELS_POINTWISE = 24
-#: ... on maps of more than this many positions: on smaller ones (14x14, 13x13, 7x7) the
-#: direct nests win, the GEMM's 32-column panels pad 196 positions to 224, 169 to 192, 49 to
-#: 64 (seventh session, single layers with ReLU6, minimum of 15 blocks, 2 threads: 2048->512
-#: @7 0.71-0.80 -> 0.63 ms, 320->1280 @7 0.28 -> 0.25, 1024->256 @14 0.60-0.63 -> 0.53,
-#: 96->576 @14 0.14-0.18 -> 0.13, 48->192 @13 0.043 -> 0.031; 1 thread 960->160 @7 0.21 ->
-#: 0.17; at 28x28 and 56x56 they tie within 10 % either way)
-GEMM_MIN_POSITIONS_POINTWISE = 197
-
-
 #: ... but stems (at most this many input channels: an RGB image) run direct: their K = 3·taps
 #: reduction spends the GEMM's time in the im2col packing (sixth session, single layers, 1
 #: thread CPU time: 3x3/2 3->64 @224 0.768 -> 0.653 ms, 7x7/2 3->64 3.98 -> 2.32, 3x3/2 3->32
@@ -545,6 +539,38 @@ STEM_GEMM_MAX_TAPS = 9
 THIN_MAX_CHANNELS = 16
 
 
+@dataclass(frozen=True)
+class PointwiseRule:
+    """When 1x1 convolutions without padding leave the direct nests for the packed GEMM, on
+    one ISA: unstrided ones (x itself is the B matrix, nothing to gather) from ``min_channels``
+    output channels on maps of at least ``min_positions`` positions; strided ones (ResNet's
+    downsampling shortcuts) if ``strided`` (the GEMM then packs the subsampled columns, the
+    direct nests read a compact subsampled copy)."""
+
+    min_channels: int
+    min_positions: int
+    strided: bool
+
+
+#: AVX-512: two register tiles of rows (24 channels) on maps of more than 196 positions: on
+#: smaller ones (14x14, 13x13, 7x7) the direct nests win, the GEMM's 32-column panels pad 196
+#: positions to 224, 169 to 192, 49 to 64 (seventh session, single layers with ReLU6, minimum
+#: of 15 blocks, 2 threads: 2048->512 @7 0.71-0.80 -> 0.63 ms, 320->1280 @7 0.28 -> 0.25,
+#: 1024->256 @14 0.60-0.63 -> 0.53, 96->576 @14 0.14-0.18 -> 0.13, 48->192 @13 0.043 -> 0.031;
+#: 1 thread 960->160 @7 0.21 -> 0.17; at 28x28 and 56x56 they tie within 10 % either way);
+#: strided ones direct (ninth session: 1x1/2 1024->2048 @14 2.63 -> 2.22 ms against the GEMM
+#: on stride-phase planes, 1 thread).  AVX2 (no AVX-512): the direct nests' register block is
+#: 4 channels x 16 columns against the GEMM's 6x16 tile, and the GEMM wins everywhere from 16
+#: channels (tenth session, single layers with ReLU/ReLU6, 1 thread CPU time, minimum of 30,
+#: GEMM / direct: 1024->256 @14 0.29, 2048->512 @7 0.37, 512->2048 @7 0.34, 64->384 @14 0.44,
+#: 960->160 @7 0.49, 48->192 @13 0.59, 384->48 @13 0.66, 32->16 @112 0.61, 96->16 @55 0.76,
+#: 96->24 @56 0.90; strided 1x1/2 packed: 1024->2048 @14 0.48, 512->1024 @28 0.48, 256->512
+#: @56 0.47, the GEMM on stride-phase planes 0.54-0.57).  Hosts without AVX: AVX-512's rule
+#: (not measured)
+POINTWISE_GEMM = {"avx512": PointwiseRule(24, 197, False), "avx": PointwiseRule(16, 0, True),
+                  "other": PointwiseRule(24, 197, False)}
+
+
 def prefer_gemm(win: Window, m: int, kk: int) -> bool:
     """Whether the packed GEMM (im2col packed on the fly) beats the direct nests for this shape.
 
@@ -560,16 +586,17 @@ def prefer_gemm(win: Window, m: int, kk: int) -> bool:
     reduction dominates; 3x3 stems are not when read in place, :data:`STEM_GEMM_MAX_TAPS`), and
     so are unstrided ones of :data:`THIN_MAX_CHANNELS`.
     """
+    rule = POINTWISE_GEMM[_isa()]
     if win.pointwise:
-        return m >= GEMM_MIN_CHANNELS_POINTWISE and math.prod(win.out) >= GEMM_MIN_POSITIONS_POINTWISE
-    if all(k == 1 for k in win.kernel) and not win.needs_copy():
-        # strided 1x1 without padding (ResNet's downsampling shortcuts): the pointwise nests on
-        # a compact subsampled copy; the GEMM on stride-phase planes pads each short row of
-        # pitch-space columns to whole 32-column panels (ninth session, single layers with
-        # ReLU, minimum of 180: 1 thread 1x1/2 1024->2048 @14 2.63 -> 2.22 ms, 512->1024 @28
-        # 2.28 -> 2.00, 256->512 @56 2.23 -> 2.08; 2 threads 1.30 -> 1.15, 1.16 -> 1.00,
-        # 1.28 -> 1.05; onnxruntime 1.9-2.0 ms at 1 thread on the first two)
-        return False
+        return m >= rule.min_channels and math.prod(win.out) >= rule.min_positions
+    if _unpadded_1x1(win):
+        # strided 1x1 without padding (ResNet's downsampling shortcuts), on AVX-512: the
+        # pointwise nests on a compact subsampled copy; the GEMM on stride-phase planes pads
+        # each short row of pitch-space columns to whole 32-column panels (ninth session, single
+        # layers with ReLU, minimum of 180: 1 thread 1x1/2 1024->2048 @14 2.63 -> 2.22 ms,
+        # 512->1024 @28 2.28 -> 2.00, 256->512 @56 2.23 -> 2.08; 2 threads 1.30 -> 1.15, 1.16
+        # -> 1.00, 1.28 -> 1.05; onnxruntime 1.9-2.0 ms at 1 thread on the first two)
+        return rule.strided and m >= rule.min_channels
     channels = kk // math.prod(win.kernel)
     if channels <= STEM_MAX_CHANNELS:
         return in_place_enabled() and math.prod(win.kernel) <= STEM_GEMM_MAX_TAPS

@@ -174,15 +174,15 @@ GEMM_CASES = [
 ]
 
 
-def _gemm_mode(xs: tuple[int, ...], ws: tuple[int, ...], attrs: dict) -> str:
+def _choice(xs: tuple[int, ...], ws: tuple[int, ...], attrs: dict, conv: str = "auto", constant: bool = False) -> str:
+    """The plan's mode for a Conv of these shapes with the packed GEMM on (``conv`` choice)."""
     from polyml.kernels.conv import _plan
 
     from polyml.codegen import gemm as packed
     from polyml.graph import TensorType
 
-    node = Node("c", "Conv", ["x", "w"], ["y"], dict(attrs))
-    with packed.packed_gemm(True, "gemm"):
-        return _plan(node, TensorType(xs), TensorType(ws)).mode
+    with packed.packed_gemm(True, conv):
+        return _plan(Node("c", "Conv", ["x", "w"], ["y"], dict(attrs)), TensorType(xs), TensorType(ws), constant).mode
 
 
 @pytest.mark.parametrize("xs,ws,attrs", GEMM_CASES, ids=[_id(c) for c in GEMM_CASES])
@@ -191,11 +191,12 @@ def _gemm_mode(xs: tuple[int, ...], ws: tuple[int, ...], attrs: dict) -> str:
 def test_conv_as_packed_gemm(xs, ws, attrs, threads, in_place, monkeypatch) -> None:
     """Eligible shapes take the gemm mode (``conv="gemm"``): B read in place from the
     stride-phase planes (``gemm_inplace``, the default) or im2col packed
-    (``POLYML_CONV_INPLACE=0``); unstrided 1x1 convolutions read x itself either way.  Both
+    (``POLYML_CONV_INPLACE=0``); unstrided 1x1 convolutions read x itself either way, strided
+    ones without padding are packed either way.  Both
     match onnxruntime with bias, 1 and 2 threads."""
     monkeypatch.setenv("POLYML_CONV_INPLACE", "1" if in_place else "0")
-    pointwise = ws[2:] == (1, 1) and "strides" not in attrs and "pads" not in attrs
-    assert _gemm_mode(xs, ws, attrs) == ("gemm_inplace" if in_place and not pointwise else "gemm")
+    unpadded_1x1 = ws[2:] == (1, 1) and "pads" not in attrs
+    assert _choice(xs, ws, attrs, "gemm") == ("gemm_inplace" if in_place and not unpadded_1x1 else "gemm")
     w, b = params(ws)
     model = node_model("Conv", {"x": xs}, initializers={"w": w, "b": b}, **attrs)
     errs = compile_and_compare(model, x_feed(xs), threads=threads, conv="gemm")
@@ -229,14 +230,10 @@ ROWS_CASES = [
 def test_conv_rows(xs, ws, attrs, threads) -> None:
     """Output maps 7-14 wide with 32+ channels take the rows mode (AVX-512 hosts) and match
     onnxruntime with bias, 1 and 2 threads."""
-    from polyml.kernels.conv import _plan
-
     from polyml.codegen import gemm as packed
-    from polyml.graph import TensorType
 
     blk = packed.blocking_for_host()
-    with packed.packed_gemm(True, "auto"):
-        mode = _plan(Node("c", "Conv", ["x", "w"], ["y"], dict(attrs)), TensorType(xs), TensorType(ws), True).mode
+    mode = _choice(xs, ws, attrs, constant=True)
     assert mode == ("rows" if (blk.nr, blk.width) == (32, 16) else mode)
     w, b = params(ws)
     model = node_model("Conv", {"x": xs}, initializers={"w": w, "b": b}, **attrs)
@@ -260,51 +257,64 @@ def test_conv_rows_fused_epilogue(tmp_path) -> None:
         assert "polyml.rows_ukernel.7" in ir_text
 
 
-def test_conv_choice_by_shape() -> None:
-    """``auto`` takes the GEMM from 32 output channels on (unstrided 1x1: 24, on maps of more
-    than 196 positions), the direct nests for narrower convolutions, unstrided ones of at most
-    16 input channels and stems of up to 4 input channels but 3x3 ones (scripts/bench_conv.py's
-    measurements, re-measured in the sixth and seventh sessions)."""
-    from polyml.kernels.conv import _plan
+def test_conv_choice_by_shape(monkeypatch) -> None:
+    """``auto`` takes the GEMM from 32 output channels on, the direct nests for narrower
+    convolutions, unstrided ones of at most 16 input channels and stems of up to 4 input
+    channels but 3x3 ones (scripts/bench_conv.py's measurements, re-measured in the sixth and
+    seventh sessions); 1x1 convolutions as the host's ISA says (next test: pinned to AVX-512
+    here)."""
+    from polyml.kernels import conv
 
     from polyml.codegen import gemm as packed
     from polyml.graph import TensorType
 
-    def mode(xs, ws, attrs, conv="auto", constant=False):
-        with packed.packed_gemm(True, conv):
-            return _plan(Node("c", "Conv", ["x", "w"], ["y"], dict(attrs)), TensorType(xs), TensorType(ws), constant).mode
-
-    assert mode((1, 256, 28, 28), (128, 256, 1, 1), {}) == "gemm"
-    assert mode((1, 64, 56, 56), (256, 64, 1, 1), {}) == "gemm"
-    assert mode((1, 144, 56, 56), (24, 144, 1, 1), {}) == "gemm"
-    assert mode((1, 32, 56, 56), (16, 32, 1, 1), {}) == "pointwise"  # 16 output channels: direct
-    assert mode((1, 64, 56, 56), (64, 64, 3, 3), {"pads": [1, 1, 1, 1]}) == "gemm_inplace"
-    assert mode((1, 16, 56, 56), (16, 16, 3, 3), {"pads": [1, 1, 1, 1]}) == "direct"
-    assert mode((1, 16, 55, 55), (64, 16, 3, 3), {"pads": [1, 1, 1, 1]}) == "flat"  # 16 input channels
-    assert mode((1, 16, 56, 56), (64, 16, 3, 3), {"strides": [2, 2]}) == "gemm_inplace"  # ... strided
-    assert mode((1, 3, 224, 224), (64, 3, 3, 3), {"strides": [2, 2]}) == "gemm_inplace"  # a 3x3 stem
-    assert mode((1, 3, 224, 224), (64, 3, 7, 7), {"strides": [2, 2], "pads": [3, 3, 3, 3]}) == "phase"  # 7x7: direct
-    assert mode((1, 8, 224, 224), (64, 8, 3, 3), {"strides": [2, 2]}) == "gemm_inplace"
-    # strided 1x1 (a downsampling shortcut): the pointwise nests on a subsampled copy
-    assert mode((1, 1024, 14, 14), (2048, 1024, 1, 1), {"strides": [2, 2]}) == "pointwise"
-    assert mode((1, 256, 56, 56), (512, 256, 1, 1), {"strides": [2, 2]}) == "pointwise"
-    assert mode((1, 1024, 14, 14), (2048, 1024, 1, 1), {"strides": [2, 2]}, conv="gemm") == "gemm_inplace"
-    assert mode((1, 1024, 14, 14), (256, 1024, 1, 1), {}) == "pointwise"  # 196 positions: direct
-    assert mode((1, 512, 7, 7), (2048, 512, 1, 1), {}) == "pointwise"
+    monkeypatch.setattr(conv, "_isa", lambda: "avx512")
+    assert _choice((1, 256, 28, 28), (128, 256, 1, 1), {}) == "gemm"
+    assert _choice((1, 64, 56, 56), (256, 64, 1, 1), {}) == "gemm"
+    assert _choice((1, 144, 56, 56), (24, 144, 1, 1), {}) == "gemm"
+    assert _choice((1, 64, 56, 56), (64, 64, 3, 3), {"pads": [1, 1, 1, 1]}) == "gemm_inplace"
+    assert _choice((1, 16, 56, 56), (16, 16, 3, 3), {"pads": [1, 1, 1, 1]}) == "direct"
+    assert _choice((1, 16, 55, 55), (64, 16, 3, 3), {"pads": [1, 1, 1, 1]}) == "flat"  # 16 input channels
+    assert _choice((1, 16, 56, 56), (64, 16, 3, 3), {"strides": [2, 2]}) == "gemm_inplace"  # ... strided
+    assert _choice((1, 3, 224, 224), (64, 3, 3, 3), {"strides": [2, 2]}) == "gemm_inplace"  # a 3x3 stem
+    assert _choice((1, 3, 224, 224), (64, 3, 7, 7), {"strides": [2, 2], "pads": [3, 3, 3, 3]}) == "phase"  # 7x7: direct
+    assert _choice((1, 8, 224, 224), (64, 8, 3, 3), {"strides": [2, 2]}) == "gemm_inplace"
+    assert _choice((1, 1024, 14, 14), (2048, 1024, 1, 1), {"strides": [2, 2]}, conv="gemm") == "gemm"  # packed
     # constant weights on 7-14-wide maps: output rows as register tiles (AVX-512 hosts)
     rows = "rows" if packed.blocking_for_host().nr == 32 else "pointwise"
-    assert mode((1, 2048, 7, 7), (512, 2048, 1, 1), {}, constant=True) == rows
-    assert mode((1, 512, 7, 7), (2048, 512, 1, 1), {}, constant=True) == "pointwise"  # 1x1 with K < 2M
-    assert mode((1, 384, 13, 13), (48, 384, 1, 1), {}, constant=True) == "pointwise"  # 1x1, 48 channels
-    assert mode((1, 512, 7, 7), (16, 512, 1, 1), {}, constant=True) == "pointwise"  # 16 channels
-    assert mode((1, 512, 7, 7), (512, 512, 3, 3), {"pads": [1, 1, 1, 1]}, constant=True) == rows.replace("pointwise",
+    assert _choice((1, 2048, 7, 7), (512, 2048, 1, 1), {}, constant=True) == rows
+    assert _choice((1, 512, 7, 7), (2048, 512, 1, 1), {}, constant=True) == "pointwise"  # 1x1 with K < 2M
+    assert _choice((1, 384, 13, 13), (48, 384, 1, 1), {}, constant=True) == "pointwise"  # 1x1, 48 channels
+    assert _choice((1, 512, 7, 7), (16, 512, 1, 1), {}, constant=True) == "pointwise"  # 16 channels
+    assert _choice((1, 512, 7, 7), (512, 512, 3, 3), {"pads": [1, 1, 1, 1]}, constant=True) == rows.replace("pointwise",
                                                                                                      "gemm_inplace")
-    assert mode((1, 2048, 7, 7), (512, 2048, 1, 1), {}, conv="gemm", constant=True) == "gemm"
-    assert mode((1, 64, 56, 56), (64, 64, 3, 3), {"pads": [1, 1, 1, 1]}, conv="direct") == "direct"
-    assert mode((1, 256, 28, 28), (128, 256, 1, 1), {}, conv="direct") == "pointwise"
+    assert _choice((1, 2048, 7, 7), (512, 2048, 1, 1), {}, conv="gemm", constant=True) == "gemm"
+    assert _choice((1, 64, 56, 56), (64, 64, 3, 3), {"pads": [1, 1, 1, 1]}, conv="direct") == "direct"
+    assert _choice((1, 256, 28, 28), (128, 256, 1, 1), {}, conv="direct") == "pointwise"
     with packed.packed_gemm(False):
-        assert _plan(Node("c", "Conv", ["x", "w"], ["y"], {}), TensorType((1, 256, 28, 28)),
-                     TensorType((128, 256, 1, 1))).mode == "pointwise"
+        assert conv._plan(Node("c", "Conv", ["x", "w"], ["y"], {}), TensorType((1, 256, 28, 28)),
+                          TensorType((128, 256, 1, 1))).mode == "pointwise"
+
+
+@pytest.mark.parametrize("isa", ["avx512", "avx"])
+def test_pointwise_choice_by_isa(isa, monkeypatch) -> None:
+    """1x1 convolutions without padding (``POINTWISE_GEMM``): AVX-512 keeps the direct nests
+    below 24 output channels, on maps of up to 196 positions and for strided ones; AVX2 takes
+    the GEMM from 16 channels on any map, strided ones with their columns packed (tenth
+    session's single-layer measurements)."""
+    from polyml.kernels import conv
+
+    monkeypatch.setattr(conv, "_isa", lambda: isa)
+    gemm = "pointwise" if isa == "avx512" else "gemm"
+    assert _choice((1, 64, 56, 56), (24, 64, 1, 1), {}) == "gemm"
+    assert _choice((1, 32, 56, 56), (16, 32, 1, 1), {}) == gemm
+    assert _choice((1, 32, 56, 56), (12, 32, 1, 1), {}) == "pointwise"  # under 16 channels: direct on both
+    assert _choice((1, 1024, 14, 14), (256, 1024, 1, 1), {}) == gemm  # 196 positions
+    assert _choice((1, 512, 7, 7), (2048, 512, 1, 1), {}, constant=True) == gemm  # K < 2M: not the rows tile
+    assert _choice((1, 1024, 14, 14), (2048, 1024, 1, 1), {"strides": [2, 2]}) == gemm
+    assert _choice((1, 64, 15, 15), (12, 64, 1, 1), {"strides": [2, 2]}) == "pointwise"
+    # padded 1x1 (a window reading outside x): neither rule; the GEMM packs or reads phase planes
+    assert _choice((1, 64, 14, 14), (64, 64, 1, 1), {"pads": [1, 1, 1, 1]}) == "gemm_inplace"
 
 
 def _conv_bn_residual_relu(c: int, m: int, h: int, seed: int) -> tuple[onnx.ModelProto, dict[str, np.ndarray]]:
@@ -366,7 +376,7 @@ def test_conv_in_place_gemm_per_channel_epilogue(c, act) -> None:
     graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, c, h, h])],
                               [helper.make_empty_tensor_value_info("y")], inits)
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
-    assert _gemm_mode((1, c, h, h), (m, c, 3, 3), {"pads": [1, 1, 1, 1], "strides": [2, 2]}) == "gemm_inplace"
+    assert _choice((1, c, h, h), (m, c, 3, 3), {"pads": [1, 1, 1, 1], "strides": [2, 2]}, "gemm") == "gemm_inplace"
     for threads in (1, 2):
         errs = compile_and_compare(model, {"x": rng.standard_normal((1, c, h, h)).astype(np.float32)},
                                    threads=threads, conv="gemm", cache=False)
