@@ -267,10 +267,29 @@ def conv_window(node: Node, x: TensorType, w: TensorType) -> Window:
     return make_window(node, tuple(x.shape[2:]), kernel)
 
 
-def in_place_enabled() -> bool:
-    """Whether GEMM convolutions read their im2col rows in place (``gemm_inplace``, default)
-    rather than packing them (``POLYML_CONV_INPLACE=0``: for A/B measurements)."""
-    return os.environ.get("POLYML_CONV_INPLACE", "1") != "0"
+#: ISAs on which GEMM convolutions pack their im2col columns, only stems (:data:`STEM_MAX_CHANNELS`
+#: input channels) reading them in place: on AVX2 the 6x16 micro-kernel's B rows read through
+#: the row table cost more than the packing (tenth session, per step of whole models, 1 thread,
+#: minimum of 15, packed / in place: Inception-v1 5x5/1 32->96 @27 0.42, 24->64 @13 0.43, 3x3/1
+#: 96->208 @13 0.79, 160->320 @6 0.99; ResNet-50 3x3/2 128->128 @56 0.74, 512->512 @14 0.90,
+#: 3x3/1 512->512 @7 0.92-0.95; SqueezeNet 3x3/1 64->256 @13 0.83; but SqueezeNet's 3x3/2
+#: 3->64 stem in place 1.12x faster than direct).  AVX-512 hosts read in place everywhere
+#: (seventh session, docs/PERFORMANCE.md "The GEMM reads im2col rows in place").
+PACKED_IM2COL_ISAS = ("avx",)
+
+
+def reads_in_place(win: Window, kk: int) -> bool:
+    """Whether a GEMM convolution reads its im2col rows in place from stride-phase planes
+    (``gemm_inplace``) rather than packing them into panels.  Never for unpadded 1x1 windows
+    (no element is read by two taps: packing the subsampled columns is one pass either way);
+    else as :data:`PACKED_IM2COL_ISAS` says, or ``POLYML_CONV_INPLACE`` (``1``: always, ``0``:
+    never; for A/B measurements and tests)."""
+    if _unpadded_1x1(win):
+        return False
+    forced = os.environ.get("POLYML_CONV_INPLACE", "auto")
+    if forced in ("0", "1"):
+        return forced == "1"
+    return _isa() not in PACKED_IM2COL_ISAS or kk // math.prod(win.kernel) <= STEM_MAX_CHANNELS
 
 
 @dataclass(frozen=True)
@@ -410,13 +429,13 @@ def _plan(node: Node, x: TensorType, w: TensorType, constant_w: bool = False) ->
         return rows
     scratch = _gemm_scratch(node, x, w, win)
     if scratch is not None:
-        if not _unpadded_1x1(win) and in_place_enabled():
+        m, _, kk = _gemm_spec_dims(x, w, win)
+        if reads_in_place(win, kk):
             from polyml.kernels.matmul import packed_temps
 
             from polyml.codegen import gemm as packed
 
             planes = PhasePlanes(x.shape[1], win, packed.blocking_for_host().nr)
-            m, _, kk = _gemm_spec_dims(x, w, win)
             return _Plan("gemm_inplace", win, packed_temps(m, planes.columns, kk)[0], planes=planes)
         return _Plan("gemm", win, scratch)
     if _unpadded_1x1(win):
@@ -599,7 +618,7 @@ def prefer_gemm(win: Window, m: int, kk: int) -> bool:
         return rule.strided and m >= rule.min_channels
     channels = kk // math.prod(win.kernel)
     if channels <= STEM_MAX_CHANNELS:
-        return in_place_enabled() and math.prod(win.kernel) <= STEM_GEMM_MAX_TAPS
+        return reads_in_place(win, kk) and math.prod(win.kernel) <= STEM_GEMM_MAX_TAPS
     if channels <= THIN_MAX_CHANNELS and all(s == 1 for s in win.strides):
         return False
     return m >= GEMM_MIN_CHANNELS

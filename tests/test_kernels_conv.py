@@ -190,8 +190,8 @@ def _choice(xs: tuple[int, ...], ws: tuple[int, ...], attrs: dict, conv: str = "
 @pytest.mark.parametrize("in_place", [True, False], ids=["inplace", "packed"])
 def test_conv_as_packed_gemm(xs, ws, attrs, threads, in_place, monkeypatch) -> None:
     """Eligible shapes take the gemm mode (``conv="gemm"``): B read in place from the
-    stride-phase planes (``gemm_inplace``, the default) or im2col packed
-    (``POLYML_CONV_INPLACE=0``); unstrided 1x1 convolutions read x itself either way, strided
+    stride-phase planes (``gemm_inplace``, ``POLYML_CONV_INPLACE=1``; AVX-512's default) or
+    im2col packed (``POLYML_CONV_INPLACE=0``; AVX2's default); unstrided 1x1 convolutions read x itself either way, strided
     ones without padding are packed either way.  Both
     match onnxruntime with bias, 1 and 2 threads."""
     monkeypatch.setenv("POLYML_CONV_INPLACE", "1" if in_place else "0")
@@ -300,12 +300,15 @@ def test_conv_choice_by_shape(monkeypatch) -> None:
 def test_pointwise_choice_by_isa(isa, monkeypatch) -> None:
     """1x1 convolutions without padding (``POINTWISE_GEMM``): AVX-512 keeps the direct nests
     below 24 output channels, on maps of up to 196 positions and for strided ones; AVX2 takes
-    the GEMM from 16 channels on any map, strided ones with their columns packed (tenth
-    session's single-layer measurements)."""
+    the GEMM from 16 channels on any map, strided ones with their columns packed.  Other GEMM
+    convolutions read their im2col rows in place on AVX-512 and pack them on AVX2 but stems
+    (``PACKED_IM2COL_ISAS``; tenth session's measurements)."""
     from polyml.kernels import conv
 
     monkeypatch.setattr(conv, "_isa", lambda: isa)
+    monkeypatch.delenv("POLYML_CONV_INPLACE", raising=False)
     gemm = "pointwise" if isa == "avx512" else "gemm"
+    in_place = "gemm_inplace" if isa == "avx512" else "gemm"
     assert _choice((1, 64, 56, 56), (24, 64, 1, 1), {}) == "gemm"
     assert _choice((1, 32, 56, 56), (16, 32, 1, 1), {}) == gemm
     assert _choice((1, 32, 56, 56), (12, 32, 1, 1), {}) == "pointwise"  # under 16 channels: direct on both
@@ -313,8 +316,12 @@ def test_pointwise_choice_by_isa(isa, monkeypatch) -> None:
     assert _choice((1, 512, 7, 7), (2048, 512, 1, 1), {}, constant=True) == gemm  # K < 2M: not the rows tile
     assert _choice((1, 1024, 14, 14), (2048, 1024, 1, 1), {"strides": [2, 2]}) == gemm
     assert _choice((1, 64, 15, 15), (12, 64, 1, 1), {"strides": [2, 2]}) == "pointwise"
-    # padded 1x1 (a window reading outside x): neither rule; the GEMM packs or reads phase planes
-    assert _choice((1, 64, 14, 14), (64, 64, 1, 1), {"pads": [1, 1, 1, 1]}) == "gemm_inplace"
+    # padded 1x1 (a window reading outside x): neither rule; the GEMM reads phase planes
+    # (AVX-512) or packs (AVX2: PACKED_IM2COL_ISAS) as for any other window but stems
+    assert _choice((1, 64, 14, 14), (64, 64, 1, 1), {"pads": [1, 1, 1, 1]}) == in_place
+    assert _choice((1, 64, 28, 28), (64, 64, 5, 5), {"pads": [2, 2, 2, 2]}) == in_place
+    assert _choice((1, 64, 28, 28), (128, 64, 3, 3), {"strides": [2, 2], "pads": [1, 1, 1, 1]}) == in_place
+    assert _choice((1, 3, 224, 224), (64, 3, 3, 3), {"strides": [2, 2]}) == "gemm_inplace"  # a 3x3 stem
 
 
 def _conv_bn_residual_relu(c: int, m: int, h: int, seed: int) -> tuple[onnx.ModelProto, dict[str, np.ndarray]]:
@@ -356,7 +363,7 @@ def test_conv_gemm_fused_epilogue(tmp_path) -> None:
 
 @pytest.mark.parametrize("c", [3, 40], ids=["one-kc-block", "kc-blocks"])  # K = 27 or 360 (> kc)
 @pytest.mark.parametrize("act", ["silu", "clip"])
-def test_conv_in_place_gemm_per_channel_epilogue(c, act) -> None:
+def test_conv_in_place_gemm_per_channel_epilogue(c, act, monkeypatch) -> None:
     """A per-channel chain (bias, SiLU or Clip) on the in-place GEMM: with one kc block it
     runs on the stack tile's whole rows before the remap (GemmSpec.epilogue_per_row), with
     several after the last block's remap; both as onnxruntime, strided with a pitch."""
@@ -376,6 +383,7 @@ def test_conv_in_place_gemm_per_channel_epilogue(c, act) -> None:
     graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, c, h, h])],
                               [helper.make_empty_tensor_value_info("y")], inits)
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    monkeypatch.setenv("POLYML_CONV_INPLACE", "1")  # in place on every ISA
     assert _choice((1, c, h, h), (m, c, 3, 3), {"pads": [1, 1, 1, 1], "strides": [2, 2]}, "gemm") == "gemm_inplace"
     for threads in (1, 2):
         errs = compile_and_compare(model, {"x": rng.standard_normal((1, c, h, h)).astype(np.float32)},
