@@ -227,6 +227,7 @@ PACKED_CASES = [
     ("Gemm", {"a": (96, 80), "b": (80, 112), "c": (96, 1)}, {}),
     ("Gemm", {"a": (96, 80), "b": (112, 80), "c": (96, 112)}, {"transB": 1}),
     ("Gemm", {"a": (30, 80), "b": (80, 112)}, {"alpha": -1.0}),
+    ("MatMul", {"a": (50, 32), "b": (32, 70)}, {}),  # K <= ROWS_OUTER_MAX_K: row panels outside column panels
 ]
 
 
