@@ -547,8 +547,11 @@ STEM_MAX_CHANNELS = 4
 #: ... except stems of at most this many taps (3x3) when the GEMM reads its rows in place
 #: (``gemm_inplace``: no im2col packing; seventh session, 2 threads, 200 runs each: 3x3/2 3->32
 #: @224 (MobileNet, EfficientNet) 0.24-0.30 -> 0.19-0.20 ms, SqueezeNet's unpadded 3x3/2 3->64
-#: 0.53-0.60 -> 0.33-0.45; a 7x7/2 stem stays direct: 1.21 -> 1.41-1.49)
-STEM_GEMM_MAX_TAPS = 9
+#: 0.53-0.60 -> 0.33-0.45; a 7x7/2 stem stays direct: 1.21 -> 1.41-1.49).  Per ISA, None: any
+#: stem; on AVX2 the direct nests' 4x16 block loses on the large ones too (tenth session, single
+#: layers with ReLU, 1 thread CPU time, minimum of 20, in place / direct: 7x7/2 3->64 @224
+#: (ResNet-50) 0.72, 7x7/2 3->96 (ZFNet) 0.71, 11x11/4 3->96 (AlexNet) 0.77)
+STEM_GEMM_MAX_TAPS: dict[str, int | None] = {"avx512": 9, "avx": None, "other": 9}
 #: ... and so do unstrided convolutions of at most this many input channels (K = 16·9 for a
 #: 3x3): the direct nests read x where it lies while the GEMM gathers each element into its
 #: panel for only 16·9 multiply-adds per column (seventh session, single layers with ReLU6,
@@ -618,7 +621,8 @@ def prefer_gemm(win: Window, m: int, kk: int) -> bool:
         return rule.strided and m >= rule.min_channels
     channels = kk // math.prod(win.kernel)
     if channels <= STEM_MAX_CHANNELS:
-        return reads_in_place(win, kk) and math.prod(win.kernel) <= STEM_GEMM_MAX_TAPS
+        most = STEM_GEMM_MAX_TAPS[_isa()]
+        return reads_in_place(win, kk) and (most is None or math.prod(win.kernel) <= most)
     if channels <= THIN_MAX_CHANNELS and all(s == 1 for s in win.strides):
         return False
     return m >= GEMM_MIN_CHANNELS

@@ -302,7 +302,8 @@ def test_pointwise_choice_by_isa(isa, monkeypatch) -> None:
     below 24 output channels, on maps of up to 196 positions and for strided ones; AVX2 takes
     the GEMM from 16 channels on any map, strided ones with their columns packed.  Other GEMM
     convolutions read their im2col rows in place on AVX-512 and pack them on AVX2 but stems
-    (``PACKED_IM2COL_ISAS``; tenth session's measurements)."""
+    (``PACKED_IM2COL_ISAS``), which on AVX2 take the GEMM whatever their kernel size (tenth
+    session's measurements)."""
     from polyml.kernels import conv
 
     monkeypatch.setattr(conv, "_isa", lambda: isa)
@@ -322,6 +323,14 @@ def test_pointwise_choice_by_isa(isa, monkeypatch) -> None:
     assert _choice((1, 64, 28, 28), (64, 64, 5, 5), {"pads": [2, 2, 2, 2]}) == in_place
     assert _choice((1, 64, 28, 28), (128, 64, 3, 3), {"strides": [2, 2], "pads": [1, 1, 1, 1]}) == in_place
     assert _choice((1, 3, 224, 224), (64, 3, 3, 3), {"strides": [2, 2]}) == "gemm_inplace"  # a 3x3 stem
+    # larger stems (STEM_GEMM_MAX_TAPS): direct on AVX-512, the in-place GEMM on AVX2
+    stem = "phase" if isa == "avx512" else "gemm_inplace"
+    assert _choice((1, 3, 224, 224), (64, 3, 7, 7), {"strides": [2, 2], "pads": [3, 3, 3, 3]}) == stem
+    assert _choice((1, 3, 224, 224), (96, 3, 11, 11), {"strides": [4, 4]}) == stem
+    # larger stems (STEM_GEMM_MAX_TAPS): direct on AVX-512, the in-place GEMM on AVX2
+    stem = "phase" if isa == "avx512" else "gemm_inplace"
+    assert _choice((1, 3, 224, 224), (64, 3, 7, 7), {"strides": [2, 2], "pads": [3, 3, 3, 3]}) == stem
+    assert _choice((1, 3, 224, 224), (96, 3, 11, 11), {"strides": [4, 4]}) == stem
 
 
 def _conv_bn_residual_relu(c: int, m: int, h: int, seed: int) -> tuple[onnx.ModelProto, dict[str, np.ndarray]]:
