@@ -385,7 +385,10 @@ class _Plan:
     ``flat``: stride 1 along height and width and an output width that fills the register
     blocks badly (7, 14, 28 columns): the output is computed on the (padded) input's row pitch,
     one long row per plane, into ``out_temp`` (a few junk columns per row), then cropped.
-    ``direct``: the rest.  ``gemm``: the packed GEMM on the im2col matrix packed on the fly;
+    ``direct``: the rest.  ``gemm``: the packed GEMM on the im2col matrix packed on the fly
+    (grouped: one product per group, batched over the groups; a polyhedral view: the group
+    loop is split out of the output-channel and reduction loops and made the outer parallel
+    dimension of the products);
     ``gemm_inplace``: the packed GEMM reading the im2col rows in place from a stride-phase copy
     of x (:class:`PhasePlanes`, scratch in ``src_temp``).  ``rows``: output rows as register
     tiles on 7-14-wide maps (:mod:`polyml.codegen.gemm_rows`; x itself or its phase copy).
@@ -430,7 +433,7 @@ def _plan(node: Node, x: TensorType, w: TensorType, constant_w: bool = False) ->
     scratch = _gemm_scratch(node, x, w, win)
     if scratch is not None:
         m, _, kk = _gemm_spec_dims(x, w, win)
-        if reads_in_place(win, kk):
+        if int(node.attrs.get("group", 1)) == 1 and reads_in_place(win, kk):
             from polyml.kernels.matmul import packed_temps
 
             from polyml.codegen import gemm as packed
@@ -518,21 +521,26 @@ def _gemm_spec_dims(x: TensorType, w: TensorType, win: Window) -> tuple[int, int
 def _gemm_scratch(node: Node, x: TensorType, w: TensorType, win: Window) -> TensorType | None:
     """The packing scratch when the convolution runs as a packed GEMM, else None.
 
-    Eligible: a host lowering with the packed GEMM on, one group, batch 1, two spatial dims,
-    a product the packed GEMM takes (:func:`polyml.kernels.matmul.packed_plan`), and
-    :func:`prefer_gemm` says it beats the register-blocked direct nests.
+    Eligible: a host lowering with the packed GEMM on, batch 1, two spatial dims, a product the
+    packed GEMM takes (:func:`polyml.kernels.matmul.packed_plan`; with groups, one product per
+    group: :func:`polyml.kernels.matmul.batched_plan`), and :func:`prefer_gemm` says it beats
+    the register-blocked direct nests for one group's shape.
     """
-    from polyml.kernels.matmul import packed_plan, packed_temps
+    from polyml.kernels.matmul import batched_plan, batched_temps, packed_plan, packed_temps
 
     from polyml.codegen import gemm as packed
 
-    if int(node.attrs.get("group", 1)) != 1 or x.shape[0] != 1 or win.rank != 2:
+    if x.shape[0] != 1 or win.rank != 2:
         return None
+    groups = int(node.attrs.get("group", 1))
     m, n, kk = _gemm_spec_dims(x, w, win)
+    mg = m // groups
     choice = packed.conv_choice()
-    if packed_plan(m, n, kk) is None or choice == "direct" or (choice == "auto" and not prefer_gemm(win, m, kk)):
+    if choice == "direct" or (choice == "auto" and not prefer_gemm(win, mg, kk)):
         return None
-    return packed_temps(m, n, kk)[0]
+    if groups > 1:
+        return batched_temps(groups, mg, n, kk)[0] if batched_plan(groups, mg, n, kk) is not None else None
+    return packed_temps(m, n, kk)[0] if packed_plan(m, n, kk) is not None else None
 
 
 #: the packed GEMM beats the direct nests from this many output channels on (below, the
@@ -752,7 +760,10 @@ class Conv(Kernel):
             from polyml.codegen.gemm_rows import prepack_weights
 
             return [prepack_weights(w.reshape(w.shape[0], -1))]
-        return [packed.prepack_a(w.reshape(w.shape[0], -1), packed.blocking_for_host(), math.prod(w.shape[2:]))]
+        # one group's rows after another (a grouped convolution's products: _convolve_gemm)
+        per_group = w.reshape(int(node.attrs.get("group", 1)), -1, math.prod(w.shape[1:]))
+        blk = packed.blocking_for_host()
+        return [np.concatenate([packed.prepack_a(g, blk, math.prod(w.shape[2:])) for g in per_group])]
 
     def replaced_inputs(self, node: Node, ins: list[Operand | None]) -> set[int]:
         return {1} if self._prepacks(node, ins) else set()
@@ -853,7 +864,7 @@ def _convolve_gemm(k: KernelBuilder, plan: _Plan, scratch: Buffer, planes: Buffe
     convolutions read x itself as the B matrix; ``gemm_inplace`` reads the rows of im2col(x)
     in place from the stride-phase copy ``planes``), bias and the fused chain applied to each
     register tile of y as the GEMM's epilogue.  True if the chain was fused so."""
-    from polyml.kernels.matmul import packed_product
+    from polyml.kernels.matmul import batched_product, packed_product
 
     from polyml.codegen import gemm as packed
 
@@ -862,6 +873,7 @@ def _convolve_gemm(k: KernelBuilder, plan: _Plan, scratch: Buffer, planes: Buffe
     y = k.outputs[0]
     win = plan.win
     m, n, kk = _gemm_spec_dims(x.type, k.in_types[1], win)
+    groups = int(k.attr("group", 1))
     y_flat = view(k, y, (1, m, n), "y_flat")
     taps = math.prod(win.kernel)
     pack_b = in_place = None
@@ -922,12 +934,22 @@ def _convolve_gemm(k: KernelBuilder, plan: _Plan, scratch: Buffer, planes: Buffe
         emit_rows(k, _rows_spec(plan, x.type, k.in_types[1]), b_operand, k.constants[0], operands[2:], y_flat,
                   tile_epilogue if has_epilogue else None, make_builder)
         return fused
-    spec = packed.GemmSpec(m, plan.planes.columns if plan.planes is not None else n, kk, packed.matrix_loader(0, kk),
+    mg = m // groups
+    spec = packed.GemmSpec(mg, plan.planes.columns if plan.planes is not None else n, kk, packed.matrix_loader(0, kk),
                            load_b, len(operands), ldc=n, epilogue=tile_epilogue if has_epilogue else None,
                            make_builder=make_builder, prepacked_a=prepacked, kc_step=taps, pack_b=pack_b,
                            in_place_b=in_place,
                            epilogue_per_row=not fused or all(tt.shape[-1] == 1 for _, _, tt in extras))
-    packed_product(k, spec, operands, y_flat, scratch)
+    if groups == 1:
+        packed_product(k, spec, operands, y_flat, scratch)
+        return fused
+    # one product per group g: rows g·Mg.. of w (pre-packed: the g-th of equal parts), input
+    # channels g·Cg.. of x, output channels g·Mg.. of y and of every per-channel operand
+    a_stride = (k.constants[0].type.size if prepacked else m * kk) // groups
+    per_channel = [mg * tt.shape[-1] for _, _, tt in extras]
+    strides = [[a_stride], [x.type.size // groups], *([[mg]] if bias is not None else []), *[[s] for s in per_channel],
+               [mg * n]]
+    batched_product(k, spec, operands, y_flat, scratch, (groups,), strides)
     return fused
 
 

@@ -191,15 +191,41 @@ def _choice(xs: tuple[int, ...], ws: tuple[int, ...], attrs: dict, conv: str = "
 def test_conv_as_packed_gemm(xs, ws, attrs, threads, in_place, monkeypatch) -> None:
     """Eligible shapes take the gemm mode (``conv="gemm"``): B read in place from the
     stride-phase planes (``gemm_inplace``, ``POLYML_CONV_INPLACE=1``; AVX-512's default) or
-    im2col packed (``POLYML_CONV_INPLACE=0``; AVX2's default); unstrided 1x1 convolutions read x itself either way, strided
-    ones without padding are packed either way.  Both
-    match onnxruntime with bias, 1 and 2 threads."""
+    im2col packed (``POLYML_CONV_INPLACE=0``; AVX2's default); unstrided 1x1 convolutions
+    read x itself either way, strided ones without padding are packed either way.  Both match
+    onnxruntime with bias, 1 and 2 threads."""
     monkeypatch.setenv("POLYML_CONV_INPLACE", "1" if in_place else "0")
     unpadded_1x1 = ws[2:] == (1, 1) and "pads" not in attrs
     assert _choice(xs, ws, attrs, "gemm") == ("gemm_inplace" if in_place and not unpadded_1x1 else "gemm")
     w, b = params(ws)
     model = node_model("Conv", {"x": xs}, initializers={"w": w, "b": b}, **attrs)
     errs = compile_and_compare(model, x_feed(xs), threads=threads, conv="gemm")
+    assert errs["y"] <= TOL, errs
+
+
+#: grouped convolutions (not depthwise) with at least a register tile of rows per group
+GROUPED_GEMM_CASES = [
+    ((1, 48, 14, 14), (48, 16, 1, 1), {"group": 3}),  # ShuffleNet's grouped 1x1: x read in place
+    ((1, 16, 13, 13), (40, 8, 5, 5), {"group": 2, "pads": [2, 2, 2, 2]}),  # AlexNet's grouped 5x5
+    ((1, 24, 15, 17), (52, 6, 3, 3), {"group": 4, "strides": [2, 2], "pads": [1, 0, 1, 1]}),  # 13 rows per group
+    ((1, 48, 21, 21), (48, 16, 1, 1), {"group": 3, "strides": [2, 2]}),  # strided 1x1: columns packed
+]
+
+
+@pytest.mark.parametrize("xs,ws,attrs", GROUPED_GEMM_CASES, ids=[_id(c) for c in GROUPED_GEMM_CASES])
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("weights", ["constant", "input"])
+def test_grouped_conv_as_batched_gemm(xs, ws, attrs, threads, weights) -> None:
+    """A grouped convolution under ``conv="gemm"`` is one packed product per group, batched
+    over the groups (constant weights pre-packed group after group, computed ones packed per
+    block), and matches onnxruntime with bias, 1 and 2 threads."""
+    assert _choice(xs, ws, attrs, "gemm", constant=weights == "constant") == "gemm"
+    w, b = params(ws)
+    if weights == "constant":
+        model, feeds = node_model("Conv", {"x": xs}, initializers={"w": w, "b": b}, **attrs), x_feed(xs)
+    else:
+        model, feeds = node_model("Conv", {"x": xs, "w": w, "b": b}, **attrs), {**x_feed(xs), "w": w, "b": b}
+    errs = compile_and_compare(model, feeds, threads=threads, conv="gemm")
     assert errs["y"] <= TOL, errs
 
 
@@ -314,6 +340,9 @@ def test_pointwise_choice_by_isa(isa, monkeypatch) -> None:
     assert _choice((1, 32, 56, 56), (16, 32, 1, 1), {}) == gemm
     assert _choice((1, 32, 56, 56), (12, 32, 1, 1), {}) == "pointwise"  # under 16 channels: direct on both
     assert _choice((1, 1024, 14, 14), (256, 1024, 1, 1), {}) == gemm  # 196 positions
+    assert _choice((1, 272, 14, 14), (272, 68, 1, 1), {"group": 4}) == gemm  # per group: 68 channels
+    assert _choice((1, 272, 28, 28), (272, 68, 1, 1), {"group": 4}) == "gemm"
+    assert _choice((1, 48, 28, 28), (48, 12, 1, 1), {"group": 4}) == "pointwise"  # 12 channels a group
     assert _choice((1, 512, 7, 7), (2048, 512, 1, 1), {}, constant=True) == gemm  # K < 2M: not the rows tile
     assert _choice((1, 1024, 14, 14), (2048, 1024, 1, 1), {"strides": [2, 2]}) == gemm
     assert _choice((1, 64, 15, 15), (12, 64, 1, 1), {"strides": [2, 2]}) == "pointwise"
@@ -333,17 +362,18 @@ def test_pointwise_choice_by_isa(isa, monkeypatch) -> None:
     assert _choice((1, 3, 224, 224), (96, 3, 11, 11), {"strides": [4, 4]}) == stem
 
 
-def _conv_bn_residual_relu(c: int, m: int, h: int, seed: int) -> tuple[onnx.ModelProto, dict[str, np.ndarray]]:
+def _conv_bn_residual_relu(c: int, m: int, h: int, seed: int, group: int = 1) -> tuple[onnx.ModelProto,
+                                                                                      dict[str, np.ndarray]]:
     """Conv 3x3 (c -> m, h x h) → BatchNormalization → Add(residual input r) → Relu, and feeds."""
     from onnx import TensorProto, helper
 
     rng = np.random.default_rng(seed)
-    w = rng.standard_normal((m, c, 3, 3)).astype(np.float32)
+    w = rng.standard_normal((m, c // group, 3, 3)).astype(np.float32)
     scale, bias, mean = (rng.standard_normal(m).astype(np.float32) for _ in range(3))
     var = rng.uniform(0.5, 2, m).astype(np.float32)
     inits = [helper.make_tensor(n, TensorProto.FLOAT, a.shape, a.ravel()) for n, a in
              (("w", w), ("s", scale), ("bb", bias), ("mu", mean), ("var", var))]
-    nodes = [helper.make_node("Conv", ["x", "w"], ["c"], pads=[1, 1, 1, 1]),
+    nodes = [helper.make_node("Conv", ["x", "w"], ["c"], pads=[1, 1, 1, 1], group=group),
              helper.make_node("BatchNormalization", ["c", "s", "bb", "mu", "var"], ["bn"]),
              helper.make_node("Add", ["bn", "r"], ["sum"]),
              helper.make_node("Relu", ["sum"], ["y"])]
@@ -355,10 +385,12 @@ def _conv_bn_residual_relu(c: int, m: int, h: int, seed: int) -> tuple[onnx.Mode
     return model, feeds
 
 
-def test_conv_gemm_fused_epilogue(tmp_path) -> None:
+@pytest.mark.parametrize("group", [1, 2])
+def test_conv_gemm_fused_epilogue(group, tmp_path) -> None:
     """Conv → BatchNorm → Add(residual) → Relu: the chain runs as the packed GEMM's tile
-    epilogue (no separate nest), numerically as onnxruntime."""
-    model, feeds = _conv_bn_residual_relu(16, 32, 18, seed=3)
+    epilogue (no separate nest), numerically as onnxruntime; grouped, each group's product
+    reads its own channels of the per-channel and full-size operands."""
+    model, feeds = _conv_bn_residual_relu(16, 32, 18, seed=3, group=group)
     errs = compile_and_compare(model, feeds, conv="gemm")
     assert errs["y"] <= TOL, errs
     path = tmp_path / "m.onnx"
