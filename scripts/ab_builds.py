@@ -10,6 +10,15 @@ the other core is busy; meaningless for more threads)::
 
     .venv/bin/python scripts/ab_builds.py build/issue14/mobilenet_v2.onnx A.polyml B.polyml \\
         --threads 1 --clock cpu --repeat 60
+
+``--steps [TEXT]``: instead, step by step (:meth:`CompiledModel.profile`, the op functions of
+two builds of one model matched by node), the minimum over ``--repeat`` profiles taken
+alternately from A and B, for the steps whose detail contains TEXT (all by default), and
+their sums: where a change lands inside a model, without the whole model's noise.  Then a
+summary per op (convolutions per lowering mode) of the first build: milliseconds and
+GFLOP/s, the figures behind "Conv:pointwise at 41 GFLOP/s" in docs/PERFORMANCE.md::
+
+    .venv/bin/python scripts/ab_builds.py build/issue14/squeezenet.onnx A.polyml B.polyml --steps gemm --repeat 6
 """
 
 from __future__ import annotations
@@ -33,7 +42,12 @@ def main() -> None:
     p.add_argument("--block", type=int, default=benchmark.BLOCK)
     p.add_argument("--clock", choices=("wall", "cpu"), default="wall")
     p.add_argument("--no-ort", action="store_true", help="builds only")
+    p.add_argument("--steps", nargs="?", const="", default=None, metavar="TEXT",
+                   help="compare two builds step by step (steps whose detail contains TEXT)")
     args = p.parse_args()
+    if args.steps is not None:
+        compare_steps(args.builds, args.steps, args.repeat)
+        return
     models = [CompiledModel(b) for b in args.builds]
     feeds = random_feeds(models[0])
     runners = {f"{i}:{b.name}": (lambda m=m: m.run(feeds)) for i, (b, m) in enumerate(zip(args.builds, models))}
@@ -51,6 +65,41 @@ def main() -> None:
             ort = times["onnxruntime"]
             line += f"  /ort min {lo / min(ort):5.3f} med {med / statistics.median(ort):5.3f}"
         print(line)
+
+
+def compare_steps(builds: list[Path], text: str, repeat: int) -> None:
+    """Per-step minima of builds A and B (profiles alternated) and a per-op summary of A."""
+    if len(builds) != 2:
+        raise SystemExit("--steps compares exactly two builds")
+    a, b = (CompiledModel(d) for d in builds)
+    feeds = random_feeds(a)
+    runs: tuple[list, list] = ([], [])
+    for _ in range(repeat):
+        for model, out in zip((a, b), runs):
+            out.append(model.profile(feeds, repeat=3))
+    lows = [[min(r[i]["min_s"] for r in rs) for i in range(len(rs[0]))] for rs in runs]
+    steps_b = {f["node"]: (t, f) for t, f in zip(lows[1], runs[1][0])}
+    sums = [0.0, 0.0]
+    print(f"{'A ms':>8} {'B ms':>8} {'B/A':>5}  step (A | B's mode)")
+    for t, f in zip(lows[0], runs[0][0]):
+        if f["node"] not in steps_b:
+            continue
+        t2, f2 = steps_b[f["node"]]
+        detail, detail2 = f.get("detail") or f["op_type"], f2.get("detail") or f2["op_type"]
+        if text in detail or text in detail2:
+            sums[0], sums[1] = sums[0] + t, sums[1] + t2
+            print(f"{t * 1e3:8.3f} {t2 * 1e3:8.3f} {t2 / t:5.2f}  {detail} | {detail2.split()[-1]}")
+    if sums[0]:
+        print(f"{sums[0] * 1e3:8.3f} {sums[1] * 1e3:8.3f} {sums[1] / sums[0]:5.3f}  sum")
+    by_op: dict[str, list[float]] = {}
+    for t, f in zip(lows[0], runs[0][0]):
+        key = f["op_type"] + (":" + f["detail"].split()[-1] if f["op_type"] == "Conv" and f.get("detail") else "")
+        ms_flops = by_op.setdefault(key, [0.0, 0.0])
+        ms_flops[0] += t * 1e3
+        ms_flops[1] += f.get("flops") or 0.0
+    print(f"A by op: {sum(lows[0]) * 1e3:.2f} ms in all")
+    for key, (ms, flops) in sorted(by_op.items(), key=lambda kv: -kv[1][0]):
+        print(f"  {key:<24} {ms:8.2f} ms" + (f"  {flops / ms / 1e6:6.1f} GFLOP/s" if flops else ""))
 
 
 if __name__ == "__main__":

@@ -33,6 +33,27 @@ def _host_has_vnni() -> bool:
     return "+avx512vnni" in host_target().features.split(",")
 
 
+def _host_has_avx512bw() -> bool:
+    from polyml.driver.toolchain import host_target
+
+    return "+avx512bw" in host_target().features.split(",")
+
+
+def integer_reference(model: onnx.ModelProto, feeds: dict[str, np.ndarray]) -> np.ndarray:
+    """The op's exact result: onnxruntime's on hosts with VNNI, else onnx.reference's (integer
+    arithmetic throughout).  Without VNNI onnxruntime multiplies u8 activations by s8 weights
+    with ``vpmaddubsw``, whose int16 pair sums saturate: on an AVX2 host (tenth session) its
+    QGemm was up to 8 steps off the exact product on a 72-long reduction, polyml's exact."""
+    if _host_has_vnni():
+        return onnxruntime_run(model, feeds)["y"]
+    return ReferenceEvaluator(model).run(None, feeds)[0]
+
+
+#: how far :func:`integer_reference` may be at a requantization tie: onnx.reference scales the
+#: exact int32 sums in float64, onnxruntime and polyml in float32 (1 step on 1 of 377 seen)
+REFERENCE_TIES = 0 if _host_has_vnni() else 1
+
+
 VARIANTS = [pytest.param("vnni", marks=pytest.mark.skipif(not _host_has_vnni(), reason="no AVX-512 VNNI")), "madd",
             "madd8"]
 #: each micro-kernel with a reduction block of 32: several blocks accumulate in an int32 C array
@@ -72,10 +93,12 @@ def _built_with_ir(model: onnx.ModelProto, tmp_path: Path) -> tuple:
     return built, "".join(p.read_text() for p in (tmp_path / "b").glob("ops.*.ll") if ".opt." not in p.name)
 
 
-def _exact(got: np.ndarray, ref: np.ndarray) -> None:
+def _exact(got: np.ndarray, ref: np.ndarray, ties: int = 0) -> None:
+    """``got == ref``; with ``ties``, at most that far apart on under 1 % of the elements."""
     assert got.dtype == ref.dtype and got.shape == ref.shape, (got.dtype, got.shape, ref.dtype, ref.shape)
     diff = np.abs(got.astype(np.int64) - ref.astype(np.int64))
-    assert diff.max(initial=0) == 0, f"{int((diff > 0).sum())} of {diff.size} differ, max {diff.max()}"
+    assert diff.max(initial=0) <= ties, f"{int((diff > 0).sum())} of {diff.size} differ, max {diff.max()}"
+    assert np.mean(diff > 0) < (0.01 if ties else 1e-12), f"{int((diff > 0).sum())} of {diff.size} differ"
 
 
 # -- MatMulInteger ------------------------------------------------------------------------------
@@ -149,9 +172,9 @@ def test_qlinear_matmul(variant: str, shape: tuple[int, int, int], monkeypatch) 
     rng = np.random.default_rng(2)
     a, b = _ints(rng, (m, k), np.uint8), _ints(rng, (k, n), np.int8)
     model, feeds = _qlmm(a, b, np.array(0.002, np.float32), np.array(0, np.int8), 0.03, 128, np.uint8)
-    ref = onnxruntime_run(model, feeds)["y"]
+    ref = integer_reference(model, feeds)
     assert (ref == 0).any() and (ref == 255).any(), "the case should saturate at both ends"
-    _exact(_polyml(model, feeds), ref)
+    _exact(_polyml(model, feeds), ref, REFERENCE_TIES)
 
 
 #: one-row products on the VNNI matrix-vector kernel: whole 64-column blocks, a partial last
@@ -172,10 +195,10 @@ def test_qlinear_matmul_one_row(case: tuple, tmp_path: Path) -> None:
     model, feeds = _qlmm(a, b, scale, zp, 0.02 * np.sqrt(sb[0] / 64), 120 if adt == np.uint8 else 3, adt)
     built, text = _built_with_ir(model, tmp_path)
     assert ("llvm.x86.avx512.vpdpbusd.512" in text) == _host_has_vnni()
-    ref = onnxruntime_run(model, feeds)["y"]
+    ref = integer_reference(model, feeds)
     lo, hi = np.iinfo(adt).min, np.iinfo(adt).max
     assert (ref == lo).any() and (ref == hi).any(), "the case should saturate at both ends"
-    _exact(built.run(feeds)["y"], ref)
+    _exact(built.run(feeds)["y"], ref, REFERENCE_TIES)
 
 
 def test_matmul_integer_one_row() -> None:
@@ -191,9 +214,9 @@ def test_qlinear_matmul_int8_output_nonzero_b_zero_point() -> None:
     rng = np.random.default_rng(3)
     a, b = _ints(rng, (40, 52), np.int8), _ints(rng, (52, 33), np.int8)
     model, feeds = _qlmm(a, b, np.array(0.004, np.float32), np.array(-7, np.int8), 0.03, -3, np.int8)
-    ref = onnxruntime_run(model, feeds)["y"]
+    ref = integer_reference(model, feeds)
     assert (ref == -128).any() and (ref == 127).any()
-    _exact(_polyml(model, feeds), ref)
+    _exact(_polyml(model, feeds), ref, REFERENCE_TIES)
 
 
 def test_qlinear_matmul_bias_and_clip_match_qgemm() -> None:
@@ -208,7 +231,12 @@ def test_qlinear_matmul_bias_and_clip_match_qgemm() -> None:
               "y_s": np.array(0.3, np.float32), "y_zp": np.array(90, np.uint8)}
     qgemm = _model("QGemm", {"a": a}, consts, ["a", "a_s", "a_zp", "b", "b_s", "b_zp", "bias", "y_s", "y_zp"],
                    TensorProto.UINT8, domain="com.microsoft")
-    ref = np.maximum(onnxruntime_run(qgemm, {"a": a})["y"], 90)
+    if _host_has_vnni():
+        ref = np.maximum(onnxruntime_run(qgemm, {"a": a})["y"], 90)
+    else:  # QGemm saturates there (integer_reference): its exact result, requantized as it does
+        acc = (a.astype(np.int64) - 100) @ b.astype(np.int64) + bias
+        scale = float(np.float32(0.02) * np.float32(0.003) / np.float32(0.3))
+        ref = np.clip(np.rint(acc * scale) + 90, 90, 255).astype(np.uint8)
     ours = _model("QLinearMatMul", {"a": a}, consts, ["a", "a_s", "a_zp", "b", "b_s", "b_zp", "y_s", "y_zp", "bias"],
                   TensorProto.UINT8, polyml_clip=[90, 255])
     _exact(_polyml(ours, {"a": a}), ref)
@@ -255,18 +283,20 @@ QCONV_CASES = [
     ((1, 32, 12, 12), (32, 1, 3, 3), {"group": 32, "pads": [1, 1, 1, 1]}),
     ((1, 32, 12, 13), (32, 1, 3, 3), {"group": 32, "pads": [1, 1, 1, 1], "strides": [2, 2]}),
     ((1, 8, 10, 10), (16, 2, 3, 3), {"group": 4, "pads": [1, 1, 1, 1]}),
-    ((2, 6, 20), (10, 6, 5), {"pads": [2, 1]}),
+    pytest.param(((2, 6, 20), (10, 6, 5), {"pads": [2, 1]}), marks=pytest.mark.skipif(
+        not _host_has_vnni(), reason="1-D: onnx.reference's QLinearConv fails to broadcast (and onnxruntime saturates)")),
     ((1, 256, 5, 5), (512, 256, 1, 1), {}),  # one column tile: the threads split the rows
 ]
 
 
-@pytest.mark.parametrize("case", QCONV_CASES, ids=[f"{c[0]}-{c[1]}-{i}" for i, c in enumerate(QCONV_CASES)])
+@pytest.mark.parametrize("case", QCONV_CASES, ids=[f"{c[0]}-{c[1]}-{i}" if isinstance(c, tuple) else
+                                                   f"{c.values[0][0]}-{c.values[0][1]}-{i}" for i, c in enumerate(QCONV_CASES)])
 def test_qlinear_conv(case: tuple) -> None:
     xs, ws, attrs = case
     model, feeds = _qconv(np.random.default_rng(6), xs, ws, **attrs)
-    ref = onnxruntime_run(model, feeds)["y"]
+    ref = integer_reference(model, feeds)
     assert (ref == 0).any() and (ref == 255).any(), "the case should saturate at both ends"
-    _exact(_polyml(model, feeds), ref)
+    _exact(_polyml(model, feeds), ref, REFERENCE_TIES)
 
 
 @pytest.mark.parametrize("variant", VARIANTS + MULTI_BLOCK)
@@ -276,7 +306,7 @@ def test_qlinear_conv_micro_kernels(variant: str, monkeypatch) -> None:
     for xdt in (np.uint8, np.int8):
         model, feeds = _qconv(np.random.default_rng(7), (1, 20, 11, 13), (36, 20, 3, 3), xdt=xdt, per_channel=xdt == np.int8,
                               pads=[1, 1, 1, 1], strides=[1, 2])
-        _exact(_polyml(model, feeds), onnxruntime_run(model, feeds)["y"])
+        _exact(_polyml(model, feeds), integer_reference(model, feeds), REFERENCE_TIES)
 
 
 #: the in-place X of the VNNI GEMM (channel-interleaved flat copy): both column-copy forms
@@ -304,7 +334,7 @@ def test_qlinear_conv_in_place(case: tuple, xdt: type, variant: str, monkeypatch
     model, feeds = _qconv(np.random.default_rng(11), xs, ws, xdt=xdt, **attrs)
     built, text = _built_with_ir(model, tmp_path)
     assert ".inplace" in text and "pack_x" not in text
-    _exact(built.run(feeds)["y"], onnxruntime_run(model, feeds)["y"])
+    _exact(built.run(feeds)["y"], integer_reference(model, feeds), REFERENCE_TIES)
 
 
 #: the positions-as-rows product (exact output positions as register-tile rows, channels as
@@ -333,7 +363,7 @@ def test_qlinear_conv_positions_as_rows(case: tuple, xdt: type, variant: str, mo
     model, feeds = _qconv(np.random.default_rng(14), xs, ws, xdt=xdt, **attrs)
     built, text = _built_with_ir(model, tmp_path)
     assert ".rows" in text
-    _exact(built.run(feeds)["y"], onnxruntime_run(model, feeds)["y"])
+    _exact(built.run(feeds)["y"], integer_reference(model, feeds), REFERENCE_TIES)
 
 
 def test_conv_integer_positions_as_rows(tmp_path: Path) -> None:
@@ -345,7 +375,7 @@ def test_conv_integer_positions_as_rows(tmp_path: Path) -> None:
     model = _model("ConvInteger", feeds, {"w": w, "w_zp": np.array(0, np.int8)}, ["x", "w", "x_zp", "w_zp"],
                    TensorProto.INT32, pads=[1, 1, 1, 1])
     built, text = _built_with_ir(model, tmp_path)
-    assert (".rows" in text) == _host_has_vnni()
+    assert ".rows" in text
     _exact(built.run(feeds)["y"], ReferenceEvaluator(model).run(None, feeds)[0])
 
 
@@ -379,12 +409,12 @@ def test_qlinear_conv_clip_and_weight_zero_point() -> None:
     (the direct path), against onnxruntime's QLinearConv."""
     rng = np.random.default_rng(8)
     model, feeds = _qconv(rng, (1, 16, 12, 12), (32, 16, 3, 3), pads=[1, 1, 1, 1])
-    ref = np.maximum(onnxruntime_run(model, feeds)["y"], 100)
+    ref = np.maximum(integer_reference(model, feeds), 100)
     helper_attr = helper.make_attribute("polyml_clip", [100, 255])
     model.graph.node[0].attribute.append(helper_attr)
-    _exact(_polyml(model, feeds), ref)
+    _exact(_polyml(model, feeds), ref, REFERENCE_TIES)
     model, feeds = _qconv(rng, (1, 16, 12, 12), (32, 16, 3, 3), per_channel=False, w_zp=3, pads=[1, 1, 1, 1])
-    _exact(_polyml(model, feeds), onnxruntime_run(model, feeds)["y"])
+    _exact(_polyml(model, feeds), integer_reference(model, feeds), REFERENCE_TIES)
 
 
 #: depthwise convolutions (one channel per group: the grouped-tap kernels), (x shape, kernel, attributes)
@@ -422,8 +452,8 @@ def test_qlinear_conv_depthwise(case: tuple, variant: str, monkeypatch) -> None:
         got, detail = _built(model, feeds)
         expect = "vnni quads" if variant == "vnni" and xdt == np.uint8 else "int16 pairs"
         assert detail.endswith(f"direct {expect}"), detail
-        ref = onnxruntime_run(model, feeds)["y"]
-        _exact(got, ref)
+        ref = integer_reference(model, feeds)
+        _exact(got, ref, REFERENCE_TIES)
 
 
 def test_qlinear_conv_depthwise_weight_zero_points() -> None:
@@ -438,12 +468,12 @@ def test_qlinear_conv_depthwise_weight_zero_points() -> None:
                   "y_s": np.array(0.05, np.float32), "y_zp": np.array(120, np.uint8)}
         model = _model("QLinearConv", {"x": x}, consts, ["x", "x_s", "x_zp", "w", "w_s", "w_zp", "y_s", "y_zp"],
                        TensorProto.UINT8, group=16, pads=[1, 1, 1, 1])
-        ref = onnxruntime_run(model, {"x": x})["y"]
+        ref = integer_reference(model, {"x": x})
         got, detail = _built(model, {"x": x})
         assert detail.endswith(f"direct {expect}"), detail
-        _exact(got, ref)
+        _exact(got, ref, REFERENCE_TIES)
         model.graph.node[0].attribute.append(helper.make_attribute("polyml_clip", [130, 240]))
-        _exact(_built(model, {"x": x})[0], np.clip(ref, 130, 240))
+        _exact(_built(model, {"x": x})[0], np.clip(ref, 130, 240), REFERENCE_TIES)
 
 
 def test_conv_integer_depthwise() -> None:
@@ -461,7 +491,9 @@ def test_conv_integer_depthwise() -> None:
 @pytest.mark.parametrize("variant,xdt,intrinsic", [
     pytest.param("vnni", np.uint8, "llvm.x86.avx512.vpdpbusd.512",
                  marks=pytest.mark.skipif(not _host_has_vnni(), reason="no AVX-512 VNNI")),
-    ("madd", np.uint8, "llvm.x86.avx512.pmaddw.d.512"), ("madd8", np.int8, "llvm.x86.avx2.pmadd.wd")])
+    pytest.param("madd", np.uint8, "llvm.x86.avx512.pmaddw.d.512",
+                 marks=pytest.mark.skipif(not _host_has_avx512bw(), reason="no AVX-512BW: madd is 8 lanes here")),
+    ("madd8", np.int8, "llvm.x86.avx2.pmadd.wd")])
 def test_depthwise_multiply_adds_in_the_ir(variant: str, xdt: type, intrinsic: str, tmp_path: Path, monkeypatch) -> None:
     """The grouped-tap kernel's multiply-add is the intrinsic of its span and width."""
     monkeypatch.setenv("POLYML_IGEMM", variant)
