@@ -27,16 +27,15 @@ from polyml.errors import PolymlError
 from polyml.testing import onnxruntime_run
 
 
+def _host_has(feature: str) -> bool:
+    """Whether this host's CPU has the LLVM target feature (``avx512vnni``, ``avx512bw``)."""
+    from polyml.driver.toolchain import host_target
+
+    return f"+{feature}" in host_target().features.split(",")
+
+
 def _host_has_vnni() -> bool:
-    from polyml.driver.toolchain import host_target
-
-    return "+avx512vnni" in host_target().features.split(",")
-
-
-def _host_has_avx512bw() -> bool:
-    from polyml.driver.toolchain import host_target
-
-    return "+avx512bw" in host_target().features.split(",")
+    return _host_has("avx512vnni")
 
 
 def integer_reference(model: onnx.ModelProto, feeds: dict[str, np.ndarray]) -> np.ndarray:
@@ -492,7 +491,7 @@ def test_conv_integer_depthwise() -> None:
     pytest.param("vnni", np.uint8, "llvm.x86.avx512.vpdpbusd.512",
                  marks=pytest.mark.skipif(not _host_has_vnni(), reason="no AVX-512 VNNI")),
     pytest.param("madd", np.uint8, "llvm.x86.avx512.pmaddw.d.512",
-                 marks=pytest.mark.skipif(not _host_has_avx512bw(), reason="no AVX-512BW: madd is 8 lanes here")),
+                 marks=pytest.mark.skipif(not _host_has("avx512bw"), reason="no AVX-512BW: madd is 8 lanes here")),
     ("madd8", np.int8, "llvm.x86.avx2.pmadd.wd")])
 def test_depthwise_multiply_adds_in_the_ir(variant: str, xdt: type, intrinsic: str, tmp_path: Path, monkeypatch) -> None:
     """The grouped-tap kernel's multiply-add is the intrinsic of its span and width."""
