@@ -94,12 +94,17 @@ def random_inputs(model: onnx.ModelProto, seed: int = 1) -> dict[str, np.ndarray
     return feeds
 
 
-def onnxruntime_run(model: onnx.ModelProto | str | os.PathLike, feeds: dict[str, np.ndarray], threads: int = 0) -> dict[str, np.ndarray]:
+def onnxruntime_run(model: onnx.ModelProto | str | os.PathLike, feeds: dict[str, np.ndarray], threads: int = 0,
+                    optimize: bool = True) -> dict[str, np.ndarray]:
+    """onnxruntime's outputs by name; ``optimize=False`` runs the graph node by node as written
+    (no fusion, e.g. a QDQ sandwich stays float instead of becoming an integer QLinearConv)."""
     import onnxruntime as ort
 
     so = ort.SessionOptions()
     if threads:
         so.intra_op_num_threads = threads
+    if not optimize:
+        so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
     src = model.SerializeToString() if isinstance(model, onnx.ModelProto) else str(model)
     sess = ort.InferenceSession(src, so, providers=["CPUExecutionProvider"])
     names = [o.name for o in sess.get_outputs()]

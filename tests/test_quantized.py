@@ -259,12 +259,7 @@ def test_qdq_conv_with_activation(act: str, tmp_path) -> None:
     if not act and "+avx512vnni" not in host_target().features.split(","):
         # onnxruntime's QLinearConv saturates u8·s8 pair sums without VNNI (tests/test_kernels_integer.py,
         # integer_reference): the QDQ graph unfused, in float, instead
-        import onnxruntime as ort
-
-        so = ort.SessionOptions()
-        so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-        sess = ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
-        ref = {"y": sess.run(["y"], {"x": x})[0]}
+        ref = onnxruntime_run(model, {"x": x}, optimize=False)
     step = 0.08
     # onnxruntime runs a QDQ Conv+Relu/Clip in float (exact int32 here): at most one step apart at ties
     assert np.abs(got["y"] - ref["y"]).max() <= step * 1.001
