@@ -58,6 +58,13 @@ GROUP_FLOATS = 8192
 #: column strides whose copy-in runs on whole vectors (:func:`_copy_row_vectors`); wider
 #: strides keep LLVM's loops (a phase split of more than two vectors is several shuffles)
 VECTOR_ROW_MAX_STRIDE = 2
+#: vector widths whose unaligned tap reads are plain unaligned loads (AVX2: a 32-byte load
+#: crosses a cache line at half the offsets); AVX-512's 16 lanes shift two aligned vectors
+#: instead (:func:`_step`).  On AVX2 the two-source lane shift is a ``vperm2f128`` and one or
+#: two ``vshufps`` per tap (eleventh session, Zen 1 EPYC, single depthwise layers with ReLU6, 1
+#: thread CPU time, minimum of 40, unaligned / shifted: 3x3 576 @14 0.66, 144 @56 0.78, 3x3/2
+#: 96 @112 0.65, 960 @7 0.92)
+UNALIGNED_MAX_LANES = 8
 
 
 @dataclass(frozen=True)
@@ -249,10 +256,11 @@ def _plane(k: KernelBuilder, plan: DepthwisePlan, pn: ir.Value, work: ir.Value, 
 
 def _step(b: ir.IRBuilder, work: ir.Value, f: ir.Value, taps: list[tuple[int, int, int]], weights: list[ir.Value],
           start: ir.Value, fma: ir.Function, vec: ir.VectorType) -> ir.Value:
-    """``start + Σ w(i, j) · xph[f + off(i, j) : +L]`` for a vector-aligned ``f``: every read
-    is a lane shift of two aligned vectors (one ``valignd``/``vpermt2ps``), as an unaligned
-    64-byte load splits over two cache lines; one partial sum per kernel row, added at the
-    end, so no chain of ``KH·KW`` dependent FMAs bounds the step."""
+    """``start + Σ w(i, j) · xph[f + off(i, j) : +L]`` for a vector-aligned ``f``: with 16
+    lanes every read is a lane shift of two aligned vectors (one ``valignd``/``vpermt2ps``), as
+    an unaligned 64-byte load splits over two cache lines; with fewer (:data:`UNALIGNED_MAX_LANES`)
+    an unaligned load; one partial sum per kernel row, added at the end, so no chain of
+    ``KH·KW`` dependent FMAs bounds the step."""
     lanes = vec.count
     aligned: dict[int, ir.Value] = {}
 
@@ -265,10 +273,13 @@ def _step(b: ir.IRBuilder, work: ir.Value, f: ir.Value, taps: list[tuple[int, in
     partial: dict[int, ir.Value] = {}
     for (i, _, off), wv in zip(taps, weights):
         q, r = divmod(off, lanes)
-        v = vector(q)
-        if r:
+        if r and lanes <= UNALIGNED_MAX_LANES:
+            v = b.load(b.bitcast(b.gep(work, [b.add(f, _c(off))], inbounds=True), vec.as_pointer()), align=4)
+        elif r:
             shift = ir.Constant(ir.VectorType(ir.IntType(32), lanes), list(range(r, r + lanes)))
-            v = b.shuffle_vector(v, vector(q + 1), shift)
+            v = b.shuffle_vector(vector(q), vector(q + 1), shift)
+        else:
+            v = vector(q)
         partial[i] = b.call(fma, [wv, v, partial[i]]) if i in partial else b.fmul(wv, v)
     s = start
     for p in partial.values():

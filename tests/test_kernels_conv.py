@@ -166,6 +166,9 @@ GEMM_CASES = [
     ((1, 3, 40, 40), (16, 3, 7, 7), {"strides": [2, 2], "pads": [3, 3, 3, 3]}),
     # two kc blocks (64·9 > kc): the second adds into the remapped output; 20 rows: a partial tile
     ((1, 64, 9, 11), (20, 64, 3, 3), {"pads": [1, 1, 1, 1]}),
+    # two kc blocks on 40-column rows: whole tiles inside a row go straight into C (the
+    # second block adding), the rest through the stack tile
+    ((1, 64, 12, 40), (20, 64, 3, 3), {"pads": [1, 1, 1, 1]}),
     # output rows of 4 columns: one 32-column tile spans 6 of them (pitch 6)
     ((1, 24, 6, 4), (36, 24, 3, 3), {"pads": [1, 1, 1, 1]}),
     # stride 3 and stride 2 with dilation 2: 9 / 4 phase planes, taps of one phase a row apart
@@ -385,12 +388,14 @@ def _conv_bn_residual_relu(c: int, m: int, h: int, seed: int, group: int = 1) ->
     return model, feeds
 
 
-@pytest.mark.parametrize("group", [1, 2])
-def test_conv_gemm_fused_epilogue(group, tmp_path) -> None:
+@pytest.mark.parametrize("group,in_place", [(1, False), (2, False), (1, True)])
+def test_conv_gemm_fused_epilogue(group, in_place, tmp_path, monkeypatch) -> None:
     """Conv → BatchNorm → Add(residual) → Relu: the chain runs as the packed GEMM's tile
     epilogue (no separate nest), numerically as onnxruntime; grouped, each group's product
-    reads its own channels of the per-channel and full-size operands."""
-    model, feeds = _conv_bn_residual_relu(16, 32, 18, seed=3, group=group)
+    reads its own channels of the per-channel and full-size operands; in place, on tiles
+    stored straight into C (inside one output row of 40) and on remapped ones."""
+    monkeypatch.setenv("POLYML_CONV_INPLACE", "1" if in_place else "0")
+    model, feeds = _conv_bn_residual_relu(16, 32, 40 if in_place else 18, seed=3, group=group)
     errs = compile_and_compare(model, feeds, conv="gemm")
     assert errs["y"] <= TOL, errs
     path = tmp_path / "m.onnx"
