@@ -38,7 +38,7 @@ from fractions import Fraction
 
 import llvmlite.ir as ir
 import numpy as np
-from polyml.kernels.conv import Window, affine, nest, padded_source
+from polyml.kernels.conv import Window, _isa, affine, nest, padded_source
 from polyml.kernels.fused import evaluate_chain
 
 from polyml.codegen import gemm as packed
@@ -128,20 +128,44 @@ def _forced() -> int | None:
     return int(v)
 
 
+@dataclass(frozen=True)
+class WinogradRule:
+    """Where Winograd beats the packed GEMM on one ISA: F(4×4) from ``f4_channels`` input and
+    output channels on maps of at least ``f4_map`` (both sides), else F(2×2) from
+    ``f2_channels`` on maps of at least ``f2_map``."""
+
+    f4_channels: int
+    f4_map: int
+    f2_channels: int
+    f2_map: int
+
+
+#: AVX-512 (per-layer tables in docs/PERFORMANCE.md, issue 14; 2 threads, loaded host, Winograd
+#: / packed GEMM): maps of 24 and more with 32+ channels gain most from F(4×4) (0.17-0.67:
+#: 128->128 @28 0.17, 256->256 @56 0.39, 32->128 @27 0.49, 64->64 @56 0.67), 14×14 maps with 96+
+#: channels from F(2×2) (0.24-0.75; F(4×4)'s 16 tiles fill half a register tile of columns),
+#: while 7×7 maps (1.0-4× slower: 16 or 4 tiles) and 16-channel inputs (too thin a reduction to
+#: pay for the transforms) keep the GEMM.  AVX2 (eleventh session, Zen 1 EPYC, single layers
+#: with ReLU, 1 thread CPU time, minimum of 30-40 alternating blocks, against the path taken
+#: before): F(4×4) from 13×13 (64->256 @13 0.58, 384->384 @13 0.45, 48->192 @13 0.55, 256->256
+#: @14 0.69 of F(2×2), 96->208 @14 0.82 of F(2×2)); F(2×2) on 7×7 maps (512->512 0.53, 160->320
+#: 0.54, 128->32 0.65; F(4×4) 1.1-1.3) and from 16 channels (16->64 @55 0.86 and 16->16 @56 0.36
+#: of the direct nests; F(4×4) 1.0-1.1): the 6×16 GEMM tile runs at a third of AVX-512's
+#: rate per core, so the transforms' memory passes are cheap next to the multiplications saved
+WINOGRAD_RULES = {"avx512": WinogradRule(32, 24, 96, 14), "avx": WinogradRule(32, 13, 16, 7),
+                  "other": WinogradRule(32, 24, 96, 14)}
+
+
 def choose_tile(c: int, k: int, out: tuple[int, int]) -> int:
     """The output tile ``m`` (2 or 4) for a C→K 3×3/1 convolution with this output, 0: no
-    Winograd.  Rule from the per-layer tables in docs/PERFORMANCE.md (issue 14; 2 threads,
-    loaded host, Winograd / packed GEMM): maps of 24 and more with 32+ channels gain most from
-    F(4×4) (0.17-0.67: 128->128 @28 0.17, 256->256 @56 0.39, 32->128 @27 0.49, 64->64 @56 0.67),
-    14×14 maps with 96+ channels from F(2×2) (0.24-0.75; F(4×4)'s 16 tiles fill half a register
-    tile of columns), while 7×7 maps (1.0-4× slower: 16 or 4 tiles) and 16-channel inputs (too
-    thin a reduction to pay for the transforms) keep the GEMM."""
+    Winograd (:data:`WINOGRAD_RULES` for this host's ISA; ``POLYML_WINOGRAD`` forces)."""
     forced = _forced()
     if forced is not None:
         return forced
-    if c >= 32 and k >= 32 and min(out) >= 24:
+    rule = WINOGRAD_RULES[_isa()]
+    if min(c, k) >= rule.f4_channels and min(out) >= rule.f4_map:
         return 4
-    if c >= 96 and k >= 96 and min(out) >= 14:
+    if min(c, k) >= rule.f2_channels and min(out) >= rule.f2_map:
         return 2
     return 0
 

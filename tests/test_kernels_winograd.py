@@ -70,7 +70,7 @@ def test_winograd_edge_shapes(xs, k, attrs, bias, chain, tile, tmp_path, monkeyp
 
 
 @pytest.mark.parametrize("tile,shape", [("4", (1, 256, 56, 56)), ("4", (1, 512, 28, 28)), ("2", (1, 512, 14, 14)),
-                                        ("4", (1, 64, 112, 112))])
+                                        ("4", (1, 512, 14, 14)), ("2", (1, 512, 7, 7)), ("4", (1, 64, 112, 112))])
 def test_winograd_layer_error_bound(tile, shape, tmp_path, monkeypatch) -> None:
     """The tile sizes :func:`choose_tile` picks stay within max|Δ|/max|ref| ≤ 1e-4 at the CNN
     layer shapes they are chosen for (the widest reductions: the error grows with C)."""
@@ -94,14 +94,18 @@ def test_transforms_compute_the_correlation(m) -> None:
     np.testing.assert_allclose(at @ ((g @ w @ g.T) * (bt @ d @ bt.T)) @ at.T, ref, atol=1e-12)
 
 
-def test_winograd_choice(monkeypatch) -> None:
-    """3x3/1 one-group convolutions with constant weights take the path by shape (F(4x4) on big
-    maps, F(2x2) on 14x14 with wide channels, neither on 7x7); strided, dilated, grouped,
-    computed-weight and conv=gemm/direct builds keep the GEMM or nests."""
+@pytest.mark.parametrize("isa", ["avx512", "avx"])
+def test_winograd_choice(isa, monkeypatch) -> None:
+    """3x3/1 one-group convolutions with constant weights take the path by shape and ISA
+    (AVX-512: F(4x4) on big maps, F(2x2) on 14x14 with wide channels, neither on 7x7 or 16
+    input channels; AVX2: F(4x4) from 13x13, F(2x2) on 7x7 and from 16 channels); strided,
+    dilated, grouped, computed-weight and conv=gemm/direct builds keep the GEMM or nests."""
+    import polyml.kernels.winograd as winograd
     from polyml.kernels.conv import _plan
 
     from polyml.codegen import gemm as packed
 
+    monkeypatch.setattr(winograd, "_isa", lambda: isa)
     monkeypatch.delenv("POLYML_WINOGRAD", raising=False)
     monkeypatch.setenv("POLYML_CONV_INPLACE", "1")  # the GEMM's fallback mode alike on every ISA
 
@@ -117,9 +121,18 @@ def test_winograd_choice(monkeypatch) -> None:
             return f"F{winograd_plan(node, TensorType((1, c, h, h)), TensorType((k, c, 3, 3)), plan.win).m}"
 
     assert mode(64, 56, 64) == "F4"
-    assert mode(256, 14, 256) == "F2"
-    assert mode(512, 7, 512) in ("rows", "gemm_inplace")  # rows on AVX-512 hosts
-    assert mode(16, 55, 64) == "flat"  # 16 input channels: the direct nests
+    if isa == "avx512":
+        assert mode(256, 14, 256) == "F2"
+        assert mode(64, 13, 256) in ("rows", "gemm_inplace")
+        assert mode(512, 7, 512) in ("rows", "gemm_inplace")  # rows on AVX-512 hosts
+        assert mode(16, 55, 64) == "flat"  # 16 input channels: the direct nests
+    else:
+        assert mode(256, 14, 256) == "F4"
+        assert mode(64, 13, 256) == "F4"
+        assert mode(512, 7, 512) == "F2"
+        assert mode(16, 55, 64) == "F2"
+        assert mode(8, 55, 64) == "flat"  # 8 input channels: the direct nests
+    assert not mode(512, 5, 512).startswith("F")  # under 7x7 on every ISA
     assert mode(64, 56, 64, constant=False) == "gemm_inplace"
     assert mode(64, 56, 64, conv="gemm") == "gemm_inplace"
     assert mode(64, 56, 64, conv="direct") != "winograd"
