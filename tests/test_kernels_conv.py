@@ -292,12 +292,13 @@ def test_conv_choice_by_shape(monkeypatch) -> None:
     channels but 3x3 ones (scripts/bench_conv.py's measurements, re-measured in the sixth and
     seventh sessions); 1x1 convolutions as the host's ISA says (next test: pinned to AVX-512
     here)."""
-    from polyml.kernels import conv
+    from polyml.kernels import conv, winograd
 
     from polyml.codegen import gemm as packed
     from polyml.graph import TensorType
 
     monkeypatch.setattr(conv, "_isa", lambda: "avx512")
+    monkeypatch.setattr(winograd, "_isa", lambda: "avx512")
     assert _choice((1, 256, 28, 28), (128, 256, 1, 1), {}) == "gemm"
     assert _choice((1, 64, 56, 56), (256, 64, 1, 1), {}) == "gemm"
     assert _choice((1, 144, 56, 56), (24, 144, 1, 1), {}) == "gemm"
