@@ -595,9 +595,11 @@ class PointwiseRule:
 #: GEMM / direct: 1024->256 @14 0.29, 2048->512 @7 0.37, 512->2048 @7 0.34, 64->384 @14 0.44,
 #: 960->160 @7 0.49, 48->192 @13 0.59, 384->48 @13 0.66, 32->16 @112 0.61, 96->16 @55 0.76,
 #: 96->24 @56 0.90; strided 1x1/2 packed: 1024->2048 @14 0.48, 512->1024 @28 0.48, 256->512
-#: @56 0.47, the GEMM on stride-phase planes 0.54-0.57).  Hosts without AVX: AVX-512's rule
-#: (not measured)
-POINTWISE_GEMM = {"avx512": PointwiseRule(24, 197, False), "avx": PointwiseRule(16, 0, True),
+#: @56 0.47, the GEMM on stride-phase planes 0.54-0.57), on maps of a register tile of columns
+#: (16) or more: below, the GEMM pads the columns to 16 (eleventh session, squeeze-excitation
+#: products on 1x1 maps, 1 thread CPU time, minimum of 60, direct / GEMM: 1152->48 0.60, 48->1152
+#: 0.46).  Hosts without AVX: AVX-512's rule (not measured)
+POINTWISE_GEMM = {"avx512": PointwiseRule(24, 197, False), "avx": PointwiseRule(16, 16, True),
                   "other": PointwiseRule(24, 197, False)}
 
 
