@@ -347,7 +347,11 @@ def _copy_row_vectors(b: ir.IRBuilder, plan: DepthwisePlan, src_row: ir.Value, d
     by one shuffle each (``sw = 2``: the even and the odd lanes of two vectors, one
     ``vpermt2ps``), and stored with masked stores at ``j = (w + pl) // sw``.  The column pads
     stay the zeros written once per thread.  Replaces the scalar loops LLVM made of the short
-    rows' remainders: the copy ran 3x slower than a memcpy of the same bytes."""
+    rows' remainders: the copy ran 3x slower than a memcpy of the same bytes.  With AVX2's
+    widths (:data:`UNALIGNED_MAX_LANES`) the partial vectors are loaded and stored lane by lane
+    instead: ``vmaskmovps`` is microcoded on AMD's cores (eleventh session, Zen 1 EPYC, single
+    layers with ReLU6, 1 thread CPU time, minimum of 60, lanes / masked: 3x3 960 @7 0.62, 5x5
+    1152 @7 0.76, 3x3 576 @14 0.83; 40 runs: 3x3/2 144 @56 0.70, 3x3/2 96 @112 1.01)."""
     win = plan.win
     lanes, sw, pl = plan.lanes, plan.phases[1], win.pads_begin[1]
     vec = ir.VectorType(F32, lanes)
@@ -364,6 +368,12 @@ def _copy_row_vectors(b: ir.IRBuilder, plan: DepthwisePlan, src_row: ir.Value, d
             ptr = b.bitcast(b.gep(src_row, [_c(first)], inbounds=True), vec.as_pointer())
             if all(on):
                 parts.append(b.load(ptr, align=4))
+            elif lanes <= UNALIGNED_MAX_LANES:  # AVX2: the lanes one by one (no vmaskmovps)
+                src = b.bitcast(ptr, F32.as_pointer())
+                v = ir.Constant(vec, None)
+                for u in (u for u, lane_on in enumerate(on) if lane_on):
+                    v = b.insert_element(v, b.load(b.gep(src, [_c(u)], inbounds=True)), ir.Constant(ir.IntType(32), u))
+                parts.append(v)
             else:
                 load, mask = _masked(b, "load", vec, on)
                 parts.append(b.call(load, [ptr, align, mask, ir.Constant(vec, None)]))
@@ -380,6 +390,10 @@ def _copy_row_vectors(b: ir.IRBuilder, plan: DepthwisePlan, src_row: ir.Value, d
             ptr = b.bitcast(b.gep(dst_rows[pc], [_c(w0 // sw + (pl + t0) // sw)], inbounds=True), vec.as_pointer())
             if all(on):
                 b.store(v, ptr, align=4)
+            elif lanes <= UNALIGNED_MAX_LANES:
+                dst = b.bitcast(ptr, F32.as_pointer())
+                for u in (u for u, lane_on in enumerate(on) if lane_on):
+                    b.store(b.extract_element(v, ir.Constant(ir.IntType(32), u)), b.gep(dst, [_c(u)], inbounds=True))
             else:
                 store, mask = _masked(b, "store", vec, on)
                 b.call(store, [v, ptr, align, mask])
