@@ -940,7 +940,7 @@ def _convolve_gemm(k: KernelBuilder, plan: _Plan, scratch: Buffer, planes: Buffe
     spec = packed.GemmSpec(mg, plan.planes.columns if plan.planes is not None else n, kk, packed.matrix_loader(0, kk),
                            load_b, len(operands), ldc=n, epilogue=tile_epilogue if has_epilogue else None,
                            make_builder=make_builder, prepacked_a=prepacked, kc_step=taps, pack_b=pack_b,
-                           in_place_b=in_place,
+                           in_place_b=in_place, b_row_major=load_b is not None,
                            epilogue_per_row=not fused or all(tt.shape[-1] == 1 for _, _, tt in extras))
     if groups == 1:
         packed_product(k, spec, operands, y_flat, scratch)
