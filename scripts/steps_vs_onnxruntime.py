@@ -1,0 +1,85 @@
+"""Step by step against onnxruntime inside the model: polyml's op functions
+(:meth:`CompiledModel.profile`, minimum over ``--repeat``) next to onnxruntime's own profiler
+(the minimum of each node's kernel time over as many runs), at the same thread count.
+
+A layer measured alone flatters onnxruntime's rivals: alone, onnxruntime reorders the input into
+its blocked layout (NCHWc) and the output back, which inside a model it does once.  Inside the
+model each of its nodes runs on the layout the previous one left, so this is the comparison that
+says which of polyml's steps lose.  Nodes are paired by their name's block prefix (the name
+without its last two path components: ``/features/features.2/conv/conv.0``), which fits
+torch-exported models; unpaired steps are listed too::
+
+    .venv/bin/python scripts/steps_vs_onnxruntime.py build/issue14/mobilenet_v2.onnx \\
+        build/mb.polyml --threads 1 --repeat 30
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import tempfile
+from pathlib import Path
+
+from polyml.commands.bench import random_feeds
+from polyml.runtime.model import CompiledModel, set_num_threads
+
+
+def block(name: str) -> str:
+    """The node name without its last two path components (the op and its module)."""
+    return "/".join(name.split("/")[:-2])
+
+
+def onnxruntime_nodes(model: Path, threads: int, feeds: dict, repeat: int) -> dict[str, tuple[str, float]]:
+    """``{node name: (op type, minimum ms)}`` from onnxruntime's profiler."""
+    import onnxruntime as ort
+
+    so = ort.SessionOptions()
+    so.intra_op_num_threads = threads
+    so.enable_profiling = True
+    with tempfile.TemporaryDirectory() as tmp:
+        so.profile_file_prefix = str(Path(tmp) / "ort")
+        sess = ort.InferenceSession(str(model), so, providers=["CPUExecutionProvider"])
+        for _ in range(repeat):
+            sess.run(None, feeds)
+        events = json.loads(Path(sess.end_profiling()).read_text())
+    times: dict[tuple[str, str], list[float]] = collections.defaultdict(list)
+    for e in events:
+        if e.get("cat") == "Node" and e["name"].endswith("_kernel_time"):
+            times[(e["name"][: -len("_kernel_time")], e["args"].get("op_name", "?"))].append(e["dur"] / 1000)
+    return {name: (op, min(ts)) for (name, op), ts in times.items()}
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("model", type=Path, help="the .onnx the artifact was built from")
+    p.add_argument("artifact", type=Path)
+    p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--repeat", type=int, default=30)
+    args = p.parse_args()
+    set_num_threads(args.threads)
+    compiled = CompiledModel(args.artifact)
+    feeds = random_feeds(compiled)
+    ort_nodes = onnxruntime_nodes(args.model, args.threads, feeds, args.repeat)
+    by_block = {block(name): ms for name, (_, ms) in ort_nodes.items()}
+    steps = compiled.profile(feeds, repeat=args.repeat)
+    print(f"polyml steps {sum(s['min_s'] for s in steps) * 1e3:.3f} ms ({len(steps)}), "
+          f"onnxruntime nodes {sum(ms for _, ms in ort_nodes.values()):.3f} ms ({len(ort_nodes)}); "
+          f"{args.threads} thread(s), minimum of {args.repeat}")
+    print(f"{'polyml':>8} {'ort':>8} {'ratio':>6}  step")
+    paired = [0.0, 0.0]
+    for s in steps:
+        ms = s["min_s"] * 1e3
+        ort_ms = by_block.get(block(s.get("node") or ""))
+        label = f"{s['op_type']} {s.get('detail', '')}".strip()
+        if ort_ms is None:
+            print(f"{ms:8.3f} {'-':>8} {'':>6}  {label}")
+            continue
+        paired[0] += ms
+        paired[1] += ort_ms
+        print(f"{ms:8.3f} {ort_ms:8.3f} {ms / ort_ms:6.2f}  {label}")
+    print(f"paired: polyml {paired[0]:.3f} ms, onnxruntime {paired[1]:.3f} ms")
+
+
+if __name__ == "__main__":
+    main()
