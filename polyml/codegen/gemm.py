@@ -527,8 +527,8 @@ def block_function(module: ir.Module, name: str, spec: GemmSpec, blk: Blocking, 
                     if in_place is not None:
                         bp = b.gep(ops[in_place.operand], [b.add(jc, jr)], inbounds=True)
                         rows_at = b.gep(row_table, [_c(0), pc], inbounds=True)
-                        _store_in_place_tile(b, spec, ops, ukernel, kc, ap, bp, rows_at, tile, first, last, i0, j0, rows,
-                                             cols, c, c_addr, mr, nr)
+                        _store_in_place_tile(b, spec, ops, ukernel, kc, ap, bp, rows_at, tile, first, last, i0, j0,
+                                             rows, cols, c, c_addr, mr, nr)
                     else:
                         bp = b.gep(b_block, [b.mul(jr, kc)], inbounds=True)
                         _store_tile(b, spec, ops, blk, ukernel, direct_kernel if direct else None, ap, bp, tile, first,
@@ -570,9 +570,9 @@ def _store_tile(b: ir.IRBuilder, spec: GemmSpec, ops: Sequence[ir.Value], blk: B
             _tile_epilogue(b, spec, ops, last, i0, j0, rows, cols, c_addr)
 
 
-def _store_in_place_tile(b: ir.IRBuilder, spec: GemmSpec, ops: Sequence[ir.Value], ukernel: ir.Function, kc: ir.Value, ap: ir.Value,
-                         bp: ir.Value, rows_at: ir.Value, tile: ir.Value, first: ir.Value, last: ir.Value, i0: ir.Value,
-                         j0: ir.Value, rows: ir.Value, cols: ir.Value, c: ir.Value,
+def _store_in_place_tile(b: ir.IRBuilder, spec: GemmSpec, ops: Sequence[ir.Value], ukernel: ir.Function,
+                         kc: ir.Value, ap: ir.Value, bp: ir.Value, rows_at: ir.Value, tile: ir.Value, first: ir.Value,
+                         last: ir.Value, i0: ir.Value, j0: ir.Value, rows: ir.Value, cols: ir.Value, c: ir.Value,
                          c_addr: Callable[[ir.Value, ir.Value], ir.Value], mr: int, nr: int) -> None:
     """One register tile of an in-place product (:class:`InPlaceB`): a whole tile whose
     pitch-space columns lie inside one output row goes straight into C (its columns are one
