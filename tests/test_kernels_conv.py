@@ -163,6 +163,8 @@ GEMM_CASES = [
     ((1, 8, 23, 25), (20, 8, 3, 2), {"dilations": [2, 3], "pads": [2, 1, 0, 3]}),
     ((1, 64, 14, 14), (130, 64, 1, 1), {}),  # 1x1: x read as the B matrix in place
     ((1, 64, 15, 15), (40, 64, 1, 1), {"strides": [2, 2]}),
+    # 36 positions: the last column panel holds 4, computed by the half-width micro-kernel
+    ((1, 64, 6, 6), (40, 64, 1, 1), {}),
     ((1, 3, 40, 40), (16, 3, 7, 7), {"strides": [2, 2], "pads": [3, 3, 3, 3]}),
     # two kc blocks (64·9 > kc): the second adds into the remapped output; 20 rows: a partial tile
     ((1, 64, 9, 11), (20, 64, 3, 3), {"pads": [1, 1, 1, 1]}),
