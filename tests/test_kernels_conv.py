@@ -294,13 +294,12 @@ def test_conv_choice_by_shape(monkeypatch) -> None:
     channels but 3x3 ones (scripts/bench_conv.py's measurements, re-measured in the sixth and
     seventh sessions); 1x1 convolutions as the host's ISA says (next test: pinned to AVX-512
     here)."""
-    from polyml.kernels import conv, winograd
+    from polyml.kernels import conv
 
     from polyml.codegen import gemm as packed
     from polyml.graph import TensorType
 
     monkeypatch.setattr(conv, "_isa", lambda: "avx512")
-    monkeypatch.setattr(winograd, "_isa", lambda: "avx512")
     assert _choice((1, 256, 28, 28), (128, 256, 1, 1), {}) == "gemm"
     assert _choice((1, 64, 56, 56), (256, 64, 1, 1), {}) == "gemm"
     assert _choice((1, 144, 56, 56), (24, 144, 1, 1), {}) == "gemm"
@@ -333,10 +332,9 @@ def test_pointwise_choice_by_isa(isa, monkeypatch) -> None:
     """1x1 convolutions without padding (``POINTWISE_GEMM``): AVX-512 keeps the direct nests
     below 24 output channels, on maps of up to 196 positions and for strided ones; AVX2 takes
     the GEMM from 16 channels on maps of 16 positions or more, strided ones with their columns
-    packed.  Other GEMM
-    convolutions read their im2col rows in place on AVX-512 and pack them on AVX2 but stems
-    (``PACKED_IM2COL_ISAS``), which on AVX2 take the GEMM whatever their kernel size (tenth
-    session's measurements)."""
+    packed.  Other GEMM convolutions read their im2col rows in place on AVX-512 and pack them
+    on AVX2 but stems (``PACKED_IM2COL_ISAS``), which on AVX2 take the GEMM whatever their
+    kernel size (tenth session's measurements)."""
     from polyml.kernels import conv
 
     monkeypatch.setattr(conv, "_isa", lambda: isa)

@@ -100,12 +100,12 @@ def test_winograd_choice(isa, monkeypatch) -> None:
     (AVX-512: F(4x4) on big maps, F(2x2) on 14x14 with wide channels, neither on 7x7 or 16
     input channels; AVX2: F(4x4) from 13x13, F(2x2) on 7x7 and from 16 channels); strided,
     dilated, grouped, computed-weight and conv=gemm/direct builds keep the GEMM or nests."""
-    import polyml.kernels.winograd as winograd
+    from polyml.kernels import conv
     from polyml.kernels.conv import _plan
 
     from polyml.codegen import gemm as packed
 
-    monkeypatch.setattr(winograd, "_isa", lambda: isa)
+    monkeypatch.setattr(conv, "_isa", lambda: isa)
     monkeypatch.delenv("POLYML_WINOGRAD", raising=False)
     monkeypatch.setenv("POLYML_CONV_INPLACE", "1")  # the GEMM's fallback mode alike on every ISA
 

@@ -553,8 +553,7 @@ def block_function(module: ir.Module, name: str, spec: GemmSpec, blk: Blocking, 
                     else:
                         bp = b.gep(b_block, [b.mul(jr, kc)], inbounds=True)
                         _store_tile(b, spec, ops, blk, ukernel, direct_kernel if direct else None, narrow, ap, bp, tile,
-                                    first,
-                                    last, i0, j0, pc, kc, rows, cols, c_addr)
+                                    first, last, i0, j0, pc, kc, rows, cols, c_addr)
 
                 if rows_outer(spec):  # a row panel's tiles along C's rows, then the next panel
                     with for_range(b, 0, panels_m, name="ir") as ipn, for_range(b, 0, panels_n, name="jr") as jp:
@@ -567,8 +566,8 @@ def block_function(module: ir.Module, name: str, spec: GemmSpec, blk: Blocking, 
 
 
 def _store_tile(b: ir.IRBuilder, spec: GemmSpec, ops: Sequence[ir.Value], blk: Blocking, ukernel: ir.Function,
-                direct_kernel: ir.Function | None, narrow: Sequence[ir.Function], ap: ir.Value, bp: ir.Value, tile: ir.Value, first: ir.Value,
-                last: ir.Value, i0: ir.Value, j0: ir.Value, pc: ir.Value, kc: ir.Value, rows: ir.Value, cols: ir.Value,
+                direct_kernel: ir.Function | None, narrow: Sequence[ir.Function], ap: ir.Value, bp: ir.Value,
+                tile: ir.Value, first: ir.Value, last: ir.Value, i0: ir.Value, j0: ir.Value, pc: ir.Value, kc: ir.Value, rows: ir.Value, cols: ir.Value,
                 c_addr: Callable[[ir.Value, ir.Value], ir.Value]) -> None:
     """One register tile of C: whole tiles straight into C, edge tiles through the stack tile
     (those of at most ``nr/2`` columns by a ``narrow`` kernel); the epilogue after the last
@@ -591,14 +590,17 @@ def _store_tile(b: ir.IRBuilder, spec: GemmSpec, ops: Sequence[ir.Value], blk: B
             # constant bounds: LLVM vectorizes the epilogue along the tile's row
             _tile_epilogue(b, spec, ops, last, i0, j0, _c(mr), _c(nr), c_addr)
         with otherwise:
+            def into_tile(k: ir.Value) -> None:
+                b.call(k, [kc, ap, bp, tile, _c(nr), ir.Constant(ir.IntType(1), 0)])
+
             if edge_kernel is None:
-                b.call(kernel, [kc, ap, bp, tile, _c(nr), ir.Constant(ir.IntType(1), 0)])
+                into_tile(kernel)
             else:
                 with b.if_else(b.icmp_signed("<=", cols, _c(nr // 2))) as (narrow_cols, wide_cols):
                     with narrow_cols:
-                        b.call(edge_kernel, [kc, ap, bp, tile, _c(nr), ir.Constant(ir.IntType(1), 0)])
+                        into_tile(edge_kernel)
                     with wide_cols:
-                        b.call(kernel, [kc, ap, bp, tile, _c(nr), ir.Constant(ir.IntType(1), 0)])
+                        into_tile(kernel)
             add_edge_tile(b, tile, nr, c_addr, i0, j0, rows, cols, first, ir.Constant(F32, 0.0), b.fadd)
             _tile_epilogue(b, spec, ops, last, i0, j0, rows, cols, c_addr)
 
