@@ -303,11 +303,14 @@ class PhasePlanes:
     ow``), im2col row ``p = (c, kh, kw)`` is the contiguous run ``src[offsets[p] + j]``: the
     affine access ``j ↦ j + offset`` the GEMM's micro-kernel loads vectors from directly.
     Stride 1 makes this the plain padded copy.  ``qw - ow`` columns per row are computed and
-    dropped (1-2 for 3x3)."""
+    dropped (1-2 for 3x3).  ``row_align``: ``qw`` rounded up to a multiple of it, so that
+    with the register tile's width every tile lies inside one output row or in its padding
+    (:func:`row_align`)."""
 
     channels: int
     win: Window
     nr: int
+    row_align: int = 1
 
     def _shift(self, d: int) -> int:
         w = self.win
@@ -319,7 +322,7 @@ class PhasePlanes:
 
     @property
     def qw(self) -> int:
-        return self.win.out[1] + self._shift(1)
+        return -(-(self.win.out[1] + self._shift(1)) // self.row_align) * self.row_align
 
     @property
     def columns(self) -> int:
@@ -374,6 +377,16 @@ class PhasePlanes:
                             planes.store([ci, ph, pw, r, q], v)
         return flat
 
+
+
+def row_align(win: Window, nr: int) -> int:
+    """The phase planes' row alignment for the in-place GEMM: ``nr`` where ``nr`` divides the
+    output width (MobileNet's and ResNet's stems: 112 columns), so that every ``nr``-wide tile
+    of pitch space lies inside one output row, stored straight into C, or wholly in the row's
+    padding, skipped; else 1 (the natural pitch: a wider one would add partial tiles, not remove
+    them).  On the natural pitch (113 for a 3x3/2 @224) one tile in seven straddles two rows and
+    goes through the stack tile and the remap."""
+    return nr if win.out[1] % nr == 0 else 1
 
 
 @dataclass(frozen=True)
@@ -438,7 +451,8 @@ def _plan(node: Node, x: TensorType, w: TensorType, constant_w: bool = False) ->
 
             from polyml.codegen import gemm as packed
 
-            planes = PhasePlanes(x.shape[1], win, packed.blocking_for_host().nr)
+            nr = packed.blocking_for_host().nr
+            planes = PhasePlanes(x.shape[1], win, nr, row_align(win, nr))
             return _Plan("gemm_inplace", win, packed_temps(m, planes.columns, kk)[0], planes=planes)
         return _Plan("gemm", win, scratch)
     if _unpadded_1x1(win):

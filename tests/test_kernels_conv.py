@@ -163,7 +163,7 @@ GEMM_CASES = [
     ((1, 8, 23, 25), (20, 8, 3, 2), {"dilations": [2, 3], "pads": [2, 1, 0, 3]}),
     ((1, 64, 14, 14), (130, 64, 1, 1), {}),  # 1x1: x read as the B matrix in place
     ((1, 64, 15, 15), (40, 64, 1, 1), {"strides": [2, 2]}),
-    # 36 positions: the last column panel holds 4, computed by the half-width micro-kernel
+    # 36 positions: the last column panel holds 4, computed by a narrow micro-kernel
     ((1, 64, 6, 6), (40, 64, 1, 1), {}),
     ((1, 3, 40, 40), (16, 3, 7, 7), {"strides": [2, 2], "pads": [3, 3, 3, 3]}),
     # two kc blocks (64·9 > kc): the second adds into the remapped output; 20 rows: a partial tile
@@ -176,6 +176,14 @@ GEMM_CASES = [
     # stride 3 and stride 2 with dilation 2: 9 / 4 phase planes, taps of one phase a row apart
     ((1, 12, 17, 16), (33, 12, 3, 3), {"strides": [3, 3], "pads": [0, 1, 2, 0]}),
     ((1, 12, 17, 16), (33, 12, 3, 3), {"strides": [2, 2], "dilations": [2, 2], "pads": [2, 2, 2, 2]}),
+    # a stem with 32-column output rows: in place, the planes' rows aligned to the register
+    # tile (every tile inside a row or skipped in its padding); 20 channels: the partial row
+    # panel's tiles by the short kernel (M mod mr rows)
+    ((1, 3, 66, 64), (20, 3, 3, 3), {"strides": [2, 2], "pads": [1, 1, 1, 1]}),
+    # the same with two kc blocks (K = 360) on aligned rows of stride 1
+    ((1, 40, 9, 32), (20, 40, 3, 3), {"pads": [1, 1, 1, 1]}),
+    # a 7x7 map: 49 columns, the last column panel holds one (the narrowest micro-kernel)
+    ((1, 32, 7, 7), (22, 32, 1, 1), {}),
 ]
 
 
@@ -232,6 +240,20 @@ def test_grouped_conv_as_batched_gemm(xs, ws, attrs, threads, weights) -> None:
         model, feeds = node_model("Conv", {"x": xs, "w": w, "b": b}, **attrs), {**x_feed(xs), "w": w, "b": b}
     errs = compile_and_compare(model, feeds, threads=threads, conv="gemm")
     assert errs["y"] <= TOL, errs
+
+
+@pytest.mark.parametrize("size,out_w,qw", [(224, 112, 128), (221, 111, 112), (64, 32, 48)])
+def test_phase_planes_rows_aligned_to_the_tile(size: int, out_w: int, qw: int) -> None:
+    """A 3x3/2 stem whose output width the 16-column tile divides gets phase planes of rows
+    aligned to 16 (every tile inside a row or in its padding); other widths keep the natural
+    pitch (output width + 1)."""
+    from polyml.kernels.conv import PhasePlanes, row_align
+
+    win = make_window(Node("c", "Conv", ["x", "w"], ["y"], {"strides": [2, 2], "pads": [1, 1, 1, 1]}), (size, size),
+                      (3, 3))
+    assert win.out[1] == out_w
+    planes = PhasePlanes(3, win, 16, row_align(win, 16))
+    assert planes.qw == qw and planes.columns == (win.out[0] - 1) * qw + out_w
 
 
 @pytest.mark.parametrize("case", [GEMM_CASES[1], GEMM_CASES[6]], ids=[_id(c) for c in (GEMM_CASES[1], GEMM_CASES[6])])

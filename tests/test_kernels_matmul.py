@@ -306,6 +306,32 @@ def test_host_blocking_by_vector_isa(features: str, expect: tuple[int, int, int]
     assert blk.nc_wide >= blk.nc and blk.nc_wide % blk.nr == 0
 
 
+@pytest.mark.parametrize("features", ["+avx2,+fma", "+avx512f,+fma"])
+def test_edge_panel_kernels(features: str) -> None:
+    """The last column panel's micro-kernel is the narrowest power-of-two split of ``nr`` (vectors
+    of at least 4 lanes) that holds its ``N mod nr`` columns; the partial row panel's has
+    ``M mod mr`` rows and reads the ``mr``-high packed panel; none where the tile divides."""
+    import llvmlite.ir as ir
+
+    from polyml.codegen.gemm import GemmSpec, host_blocking, matrix_loader, narrow_kernels, short_kernel
+
+    blk = host_blocking(features, 32 << 10, 1 << 20)
+    module = ir.Module("t")
+    tails = (0, 1, 4, 5, 8, 9, 16, 17)
+    cols = [narrow_kernels(module, blk, ["nounwind"], 0, tail)[0] for tail in tails if tail < blk.nr]
+    assert cols == ([0, 4, 4, 8, 8, 0] if blk.nr == 16 else [0, 4, 4, 8, 8, 16, 16, 0])
+    _, (quarter,) = narrow_kernels(module, blk, ["nounwind"], 0, 1)
+    assert quarter.name == f"polyml.ukernel.{blk.mr}x4.pitch{blk.nr}" and "<4 x float>" in str(quarter)
+
+    def spec(m: int) -> GemmSpec:
+        return GemmSpec(m, 64, 32, load_a=matrix_loader(0, 32), load_b=matrix_loader(1, 64), operands=2)
+
+    assert short_kernel(module, spec(blk.mr * 3), blk, ["nounwind"]) is None
+    short = short_kernel(module, spec(blk.mr * 3 + 2), blk, ["nounwind"])
+    assert short.name == f"polyml.ukernel.2x{blk.nr}.apitch{blk.mr}"
+    assert f"mul nsw i64 %\"p\", {blk.mr}" in str(short) or f"mul nsw i64 %p, {blk.mr}" in str(short)
+
+
 def test_blocks_by_how_a_is_read() -> None:
     """An A packed at run time takes the wide reduction and column blocks (A is packed again
     per column block, C read again per reduction block); a pre-packed or in-place A the

@@ -381,7 +381,7 @@ def tile_loop(b: ir.IRBuilder, zero: ir.Constant, mr: int, vectors: int, trip: i
 
 
 def micro_kernel(module: ir.Module, blk: Blocking, attrs: Sequence[str], lda: int = 0, b_rows: bool = False,
-                 b_pitch: int = 0) -> ir.Function:
+                 b_pitch: int = 0, a_pitch: int = 0) -> ir.Function:
     """``ukernel(kc, Ap, Bp, C, ldc, accumulate)``: one ``mr × nr`` register tile of C.
 
     ``Ap`` is an ``kc × mr`` packed A panel (``lda`` > 0: ``mr`` rows of A in place, row
@@ -391,11 +391,13 @@ def micro_kernel(module: ir.Module, blk: Blocking, attrs: Sequence[str], lda: in
     accumulates ``mr · nr/w`` FMAs into vector registers; at the end it stores (or, with
     ``accumulate``, adds) the tile into ``C`` with row stride ``ldc``.  ``b_pitch``: the packed
     panel's row length when it is wider than ``nr`` (a narrow kernel on the first columns of a
-    wider panel, :func:`narrow_kernels`).
+    wider panel, :func:`narrow_kernels`); ``a_pitch`` the packed A panel's row length when it
+    is higher than ``mr`` (a short kernel on the first rows of a wider panel, :func:`short_kernel`).
     """
     b_pitch = b_pitch or blk.nr
+    a_pitch = a_pitch or blk.mr
     name = (f"polyml.ukernel.{blk.mr}x{blk.nr}" + (f".lda{lda}" if lda else "") + (".rows" if b_rows else "")
-            + (f".pitch{b_pitch}" if b_pitch != blk.nr else ""))
+            + (f".pitch{b_pitch}" if b_pitch != blk.nr else "") + (f".apitch{a_pitch}" if a_pitch != blk.mr else ""))
     existing = module.globals.get(name)
     if existing is not None:
         return existing
@@ -423,7 +425,7 @@ def micro_kernel(module: ir.Module, blk: Blocking, attrs: Sequence[str], lda: in
             b_row = b.gep(bp, [b.mul(p, _c(b_pitch), flags=["nsw"])], inbounds=True)
         b_vecs = [b.load(b.bitcast(b.gep(b_row, [_c(v * blk.width)], inbounds=True), vec.as_pointer()), align=4)
                   for v in range(blk.vectors)]
-        a_row = b.gep(ap, [p if lda else b.mul(p, _c(blk.mr), flags=["nsw"])], inbounds=True)
+        a_row = b.gep(ap, [p if lda else b.mul(p, _c(a_pitch), flags=["nsw"])], inbounds=True)
         new_accs = []
         for r in range(blk.mr):
             a_val = b.load(b.gep(a_row, [_c(r * lda if lda else r)], inbounds=True))
@@ -442,19 +444,42 @@ def micro_kernel(module: ir.Module, blk: Blocking, attrs: Sequence[str], lda: in
     return fn
 
 
-def narrow_kernels(module: ir.Module, blk: Blocking, attrs: Sequence[str], lda: int) -> tuple[ir.Function, ...]:
-    """Micro-kernels of half the register tile's columns on the same packed panels (the
-    packed-A one, and with ``lda`` the one reading A in place), or none where the tile is one
-    vector wide: the last column panel of a product whose N leaves at most ``nr/2`` columns
-    there computes half the padding (a 7x7 map: 49 columns, the fourth 16-column panel holds
-    one).  Called on a branch, not through a selected pointer (an indirect call: no gain
-    measured).  Eleventh session, MobileNetV2 at 1 thread, AVX2, per step, minimum of 20, with /
-    without: every 1x1 @7x7 0.91-0.92, @14x14 0.94-0.98."""
-    if blk.vectors < 2:
-        return ()
-    half = replace(blk, nr=blk.nr // 2)
-    return (micro_kernel(module, half, attrs, b_pitch=blk.nr),
-            *([micro_kernel(module, half, attrs, lda, b_pitch=blk.nr)] if lda else []))
+#: fewest lanes of a narrow kernel's vectors (an SSE register)
+NARROW_MIN_LANES = 4
+
+
+def narrow_kernels(module: ir.Module, blk: Blocking, attrs: Sequence[str], lda: int,
+                   tail: int) -> tuple[int, tuple[ir.Function, ...]]:
+    """``(cols, kernels)``: micro-kernels ``cols`` wide on the same packed panels (the packed-A
+    one, and with ``lda`` the one reading A in place) for the last column panel, which holds
+    ``tail`` (``N mod nr``) columns: the narrowest of ``nr/2``, ``nr/4``, .. (vectors of at least
+    :data:`NARROW_MIN_LANES` lanes) that holds them, so that panel computes less padding (a
+    7x7 map: 49 columns, the fourth 16-column panel holds one); ``(0, ())`` where none is
+    narrower than ``nr``.  Below the vector width the vectors get narrower: on AVX2 a 4-column
+    kernel runs on SSE registers, whose FMA is one micro-op where a 256-bit one is two on
+    128-bit FMA units (Zen 1).  Called on a branch, not through a selected pointer (an
+    indirect call: no gain measured).  Eleventh session, MobileNetV2 at 1 thread, AVX2, per
+    step, minimum of 20, half width with / without: every 1x1 @7x7 0.91-0.92, @14x14 0.94-0.98."""
+    cols = blk.nr
+    while cols // 2 >= max(tail, NARROW_MIN_LANES):
+        cols //= 2
+    if not tail or cols == blk.nr:
+        return 0, ()
+    narrow = replace(blk, nr=cols, width=min(blk.width, cols))
+    return cols, (micro_kernel(module, narrow, attrs, b_pitch=blk.nr),
+                  *([micro_kernel(module, narrow, attrs, lda, b_pitch=blk.nr)] if lda else []))
+
+
+def short_kernel(module: ir.Module, spec: GemmSpec, blk: Blocking, attrs: Sequence[str]) -> ir.Function | None:
+    """The micro-kernel of the product's last, partial row panel (``M mod mr`` rows, read from
+    the packed ``mr``-high panel), or None where ``mr`` divides M.  Shares and ``mc`` blocks
+    are whole panels, so that is the only partial panel; its whole-width tiles go straight
+    into C and compute only the rows that exist, where the ``mr``-row kernel computed the
+    padding too and went through the stack tile (32 output channels: 2 of 6 rows)."""
+    rest = spec.m % blk.mr
+    if not rest:
+        return None
+    return micro_kernel(module, replace(blk, mr=rest), attrs, b_rows=spec.in_place_b is not None, a_pitch=blk.mr)
 
 
 def block_function(module: ir.Module, name: str, spec: GemmSpec, blk: Blocking, attrs: Sequence[str]) -> ir.Function:
@@ -470,7 +495,8 @@ def block_function(module: ir.Module, name: str, spec: GemmSpec, blk: Blocking, 
     ukernel = micro_kernel(module, blk, attrs, b_rows=in_place is not None)
     direct = spec.lda > 0 and not spec.prepacked_a
     direct_kernel = micro_kernel(module, blk, attrs, spec.lda) if direct else None
-    narrow = narrow_kernels(module, blk, attrs, spec.lda if direct else 0) if spec.n % blk.nr else ()
+    narrow = narrow_kernels(module, blk, attrs, spec.lda if direct else 0, spec.n % blk.nr)
+    short = short_kernel(module, spec, blk, attrs)
     args = [F32P] * spec.operands + [F32P, F32P, I64, I64, I64, I64]
     fn = _function(module, name, args, attrs, blk.width == 16)
     fn.attributes.add("noinline")
@@ -548,12 +574,12 @@ def block_function(module: ir.Module, name: str, spec: GemmSpec, blk: Blocking, 
                     if in_place is not None:
                         bp = b.gep(ops[in_place.operand], [b.add(jc, jr)], inbounds=True)
                         rows_at = b.gep(row_table, [_c(0), pc], inbounds=True)
-                        _store_in_place_tile(b, spec, ops, ukernel, kc, ap, bp, rows_at, tile, first, last, i0, j0,
-                                             rows, cols, c, c_addr, mr, nr)
+                        _store_in_place_tile(b, spec, ops, ukernel, short, kc, ap, bp, rows_at, tile, first, last,
+                                             i0, j0, rows, cols, c, c_addr, mr, nr)
                     else:
                         bp = b.gep(b_block, [b.mul(jr, kc)], inbounds=True)
-                        _store_tile(b, spec, ops, blk, ukernel, direct_kernel if direct else None, narrow, ap, bp, tile,
-                                    first, last, i0, j0, pc, kc, rows, cols, c_addr)
+                        _store_tile(b, spec, ops, blk, ukernel, direct_kernel if direct else None, narrow, short, ap,
+                                    bp, tile, first, last, i0, j0, pc, kc, rows, cols, c_addr)
 
                 if rows_outer(spec):  # a row panel's tiles along C's rows, then the next panel
                     with for_range(b, 0, panels_m, name="ir") as ipn, for_range(b, 0, panels_n, name="jr") as jp:
@@ -566,16 +592,19 @@ def block_function(module: ir.Module, name: str, spec: GemmSpec, blk: Blocking, 
 
 
 def _store_tile(b: ir.IRBuilder, spec: GemmSpec, ops: Sequence[ir.Value], blk: Blocking, ukernel: ir.Function,
-                direct_kernel: ir.Function | None, narrow: Sequence[ir.Function], ap: ir.Value, bp: ir.Value,
-                tile: ir.Value, first: ir.Value, last: ir.Value, i0: ir.Value, j0: ir.Value, pc: ir.Value, kc: ir.Value, rows: ir.Value, cols: ir.Value,
+                direct_kernel: ir.Function | None, narrow: tuple[int, Sequence[ir.Function]], short: ir.Function | None,
+                ap: ir.Value, bp: ir.Value, tile: ir.Value, first: ir.Value, last: ir.Value, i0: ir.Value,
+                j0: ir.Value, pc: ir.Value, kc: ir.Value, rows: ir.Value, cols: ir.Value,
                 c_addr: Callable[[ir.Value, ir.Value], ir.Value]) -> None:
-    """One register tile of C: whole tiles straight into C, edge tiles through the stack tile
-    (those of at most ``nr/2`` columns by a ``narrow`` kernel); the epilogue after the last
-    ``kc`` block."""
+    """One register tile of C: whole tiles straight into C, so are the whole-width tiles of
+    the partial row panel (by the ``short`` kernel); the other edge tiles through the stack
+    tile (those of at most ``narrow[0]`` columns by a ``narrow`` kernel); the epilogue after the
+    last ``kc`` block."""
     mr, nr = blk.mr, blk.nr
     ldc = _c(spec.ldc)
     full = b.and_(b.icmp_signed("==", rows, _c(mr)), b.icmp_signed("==", cols, _c(nr)))
     kernel = ukernel
+    narrow_cols, narrow = narrow
     edge_kernel = narrow[0] if narrow else None
     if direct_kernel is not None:  # whole row tiles read A in place, the partial one its panel
         ap_in_place = b.gep(ops[0], [b.add(b.mul(i0, _c(spec.lda)), pc)], inbounds=True)
@@ -593,42 +622,74 @@ def _store_tile(b: ir.IRBuilder, spec: GemmSpec, ops: Sequence[ir.Value], blk: B
             def into_tile(k: ir.Value) -> None:
                 b.call(k, [kc, ap, bp, tile, _c(nr), ir.Constant(ir.IntType(1), 0)])
 
-            if edge_kernel is None:
-                into_tile(kernel)
-            else:
-                with b.if_else(b.icmp_signed("<=", cols, _c(nr // 2))) as (narrow_cols, wide_cols):
-                    with narrow_cols:
-                        into_tile(edge_kernel)
-                    with wide_cols:
-                        into_tile(kernel)
-            add_edge_tile(b, tile, nr, c_addr, i0, j0, rows, cols, first, ir.Constant(F32, 0.0), b.fadd)
-            _tile_epilogue(b, spec, ops, last, i0, j0, rows, cols, c_addr)
+            def edge_tile() -> None:
+                if edge_kernel is None:
+                    into_tile(kernel)
+                else:
+                    with b.if_else(b.icmp_signed("<=", cols, _c(narrow_cols))) as (narrow_tile, wide_tile):
+                        with narrow_tile:
+                            into_tile(edge_kernel)
+                        with wide_tile:
+                            into_tile(kernel)
+                add_edge_tile(b, tile, nr, c_addr, i0, j0, rows, cols, first, ir.Constant(F32, 0.0), b.fadd)
+                _tile_epilogue(b, spec, ops, last, i0, j0, rows, cols, c_addr)
+
+            _short_or(b, spec, short, mr, nr, rows, cols, edge_tile,
+                      lambda: b.call(short, [kc, ap, bp, c_addr(i0, j0), ldc, b.not_(first)]),
+                      lambda: _tile_epilogue(b, spec, ops, last, i0, j0, _c(spec.m % mr), _c(nr), c_addr))
+
+
+def _short_or(b: ir.IRBuilder, spec: GemmSpec, short: ir.Function | None, mr: int, nr: int, rows: ir.Value,
+              cols: ir.Value, edge_tile: Callable[[], None], call_short: Callable[[], None],
+              short_epilogue: Callable[[], None]) -> None:
+    """A tile that is not whole: where it is the partial row panel's at full width, the
+    ``short`` kernel straight into C and the epilogue on constant bounds; else ``edge_tile``."""
+    if short is None:
+        edge_tile()
+        return
+    short_tile = b.and_(b.icmp_signed("==", rows, _c(spec.m % mr)), b.icmp_signed("==", cols, _c(nr)))
+    with b.if_else(short_tile) as (then, otherwise):
+        with then:
+            call_short()
+            short_epilogue()
+        with otherwise:
+            edge_tile()
 
 
 def _store_in_place_tile(b: ir.IRBuilder, spec: GemmSpec, ops: Sequence[ir.Value], ukernel: ir.Function,
-                         kc: ir.Value, ap: ir.Value, bp: ir.Value, rows_at: ir.Value, tile: ir.Value, first: ir.Value,
-                         last: ir.Value, i0: ir.Value, j0: ir.Value, rows: ir.Value, cols: ir.Value, c: ir.Value,
+                         short: ir.Function | None, kc: ir.Value, ap: ir.Value, bp: ir.Value, rows_at: ir.Value,
+                         tile: ir.Value, first: ir.Value, last: ir.Value, i0: ir.Value, j0: ir.Value, rows: ir.Value, cols: ir.Value, c: ir.Value,
                          c_addr: Callable[[ir.Value, ir.Value], ir.Value], mr: int, nr: int) -> None:
     """One register tile of an in-place product (:class:`InPlaceB`): a whole tile whose
     pitch-space columns lie inside one output row goes straight into C (its columns are one
     contiguous run there) with the epilogue on constant bounds, like a packed product's tile;
-    the rest through the stack tile and :func:`_store_remapped`.  (SqueezeNet's 3x3/2 3->64
-    stem @224, 1 thread, AVX2: every tile through the stack tile spent as long in the remap
-    as in the 27-step micro-kernel.)"""
+    the rest through the stack tile and :func:`_store_remapped`, but for the partial row
+    panel's tiles inside a row, which the ``short`` kernel stores into C; a tile wholly in a
+    row's padding columns is skipped (planes of aligned rows:
+    :func:`polyml.kernels.conv.row_align`).  (SqueezeNet's 3x3/2 3->64 stem @224, 1 thread,
+    AVX2: every tile through the stack tile spent as long in the remap as in the 27-step
+    micro-kernel.)"""
     ip = spec.in_place_b
     pitch = _c(ip.pitch)
     oh = b.udiv(j0, pitch)
     ow = b.sub(j0, b.mul(oh, pitch))
     whole = b.and_(b.icmp_signed("==", rows, _c(mr)), b.icmp_signed("==", cols, _c(nr)))
     inside = b.icmp_signed("<=", b.add(ow, _c(nr)), _c(ip.width))
-    with b.if_else(b.and_(whole, inside)) as (then, otherwise):
+    at = b.add(b.mul(oh, _c(ip.width)), ow)  # output position of column j0 (when inside)
+    padding = b.and_(b.icmp_signed(">=", ow, _c(ip.width)), b.icmp_signed("<=", b.add(ow, cols), pitch))
+    with b.if_then(b.not_(padding)), b.if_else(b.and_(whole, inside)) as (then, otherwise):
         with then:
-            at = b.add(b.mul(oh, _c(ip.width)), ow)  # output position of column j0
             b.call(ukernel, [kc, ap, bp, rows_at, c_addr(i0, at), _c(spec.ldc), b.not_(first)])
             _tile_epilogue(b, spec, ops, last, i0, at, _c(mr), _c(nr), c_addr)
         with otherwise:
-            b.call(ukernel, [kc, ap, bp, rows_at, tile, _c(nr), ir.Constant(ir.IntType(1), 0)])
-            _store_remapped(b, spec, ops, tile, nr, first, last, i0, j0, rows, cols, c)
+            def remapped() -> None:
+                b.call(ukernel, [kc, ap, bp, rows_at, tile, _c(nr), ir.Constant(ir.IntType(1), 0)])
+                _store_remapped(b, spec, ops, tile, nr, first, last, i0, j0, rows, cols, c)
+
+            # a tile not inside one row has fewer than nr columns there: ``cols`` stands for both
+            _short_or(b, spec, short, mr, nr, rows, b.select(inside, cols, _c(0)), remapped,
+                      lambda: b.call(short, [kc, ap, bp, rows_at, c_addr(i0, at), _c(spec.ldc), b.not_(first)]),
+                      lambda: _tile_epilogue(b, spec, ops, last, i0, at, _c(spec.m % mr), _c(nr), c_addr))
 
 
 def _store_remapped(b: ir.IRBuilder, spec: GemmSpec, ops: Sequence[ir.Value], tile: ir.Value, nr: int,
