@@ -458,6 +458,21 @@ def test_conv_in_place_gemm_per_channel_epilogue(c, act, monkeypatch) -> None:
         assert errs["y"] <= TOL, errs
 
 
+def test_pointwise_gemm_prefetches_packed_rows(tmp_path) -> None:
+    """A 1x1 convolution packs its input row by row with the rows 8 ahead prefetched: the
+    optimized IR of its GEMM block function keeps an ``llvm.prefetch``; the result is as before."""
+    w, b = params((24, 96, 1, 1))
+    model = node_model("Conv", {"x": (1, 96, 20, 20)}, initializers={"w": w, "b": b})
+    path = tmp_path / "pw.onnx"
+    onnx.save(model, str(path))
+    polyml_compile(path, tmp_path / "build", emit=["ll"], conv="gemm", cache=False, threads=1)
+    opt = "".join(p.read_text() for p in (tmp_path / "build").glob("ops.off*.opt.ll"))
+    bodies = re.findall(r"^define [^@]*@\"?[\w.]*\.gemm\d+\"?\(.*?^}", opt, re.M | re.S)
+    assert len(bodies) == 1 and "@llvm.prefetch" in bodies[0]
+    errs = compile_and_compare(model, x_feed((1, 96, 20, 20)), conv="gemm", cache=False)
+    assert errs["y"] <= TOL, errs
+
+
 def test_in_place_gemm_tile_epilogue_stays_vectorized_along_rows(tmp_path) -> None:
     """The per-channel epilogue on the stack tile (bias + ReLU: a body cheap enough to unroll)
     keeps its column loop rolled (``llvm.loop.unroll.disable``, a distinct self-referential
