@@ -458,8 +458,9 @@ def narrow_kernels(module: ir.Module, blk: Blocking, attrs: Sequence[str], lda: 
     narrower than ``nr``.  Below the vector width the vectors get narrower: on AVX2 a 4-column
     kernel runs on SSE registers, whose FMA is one micro-op where a 256-bit one is two on
     128-bit FMA units (Zen 1).  Called on a branch, not through a selected pointer (an
-    indirect call: no gain measured).  Eleventh session, MobileNetV2 at 1 thread, AVX2, per
-    step, minimum of 20, half width with / without: every 1x1 @7x7 0.91-0.92, @14x14 0.94-0.98."""
+    indirect call: no gain measured).  MobileNetV2 at 1 thread, AVX2 (Zen 1), per step, minimum
+    of 20: half width with / without (eleventh session) every 1x1 @7x7 0.91-0.92, @14x14
+    0.94-0.98; the narrowest / half width (twelfth) @7x7 0.94-0.95, @14x14 0.98-0.99."""
     cols = blk.nr
     while cols // 2 >= max(tail, NARROW_MIN_LANES):
         cols //= 2
@@ -658,8 +659,9 @@ def _short_or(b: ir.IRBuilder, spec: GemmSpec, short: ir.Function | None, mr: in
 
 def _store_in_place_tile(b: ir.IRBuilder, spec: GemmSpec, ops: Sequence[ir.Value], ukernel: ir.Function,
                          short: ir.Function | None, kc: ir.Value, ap: ir.Value, bp: ir.Value, rows_at: ir.Value,
-                         tile: ir.Value, first: ir.Value, last: ir.Value, i0: ir.Value, j0: ir.Value, rows: ir.Value, cols: ir.Value, c: ir.Value,
-                         c_addr: Callable[[ir.Value, ir.Value], ir.Value], mr: int, nr: int) -> None:
+                         tile: ir.Value, first: ir.Value, last: ir.Value, i0: ir.Value, j0: ir.Value, rows: ir.Value,
+                         cols: ir.Value, c: ir.Value, c_addr: Callable[[ir.Value, ir.Value], ir.Value], mr: int,
+                         nr: int) -> None:
     """One register tile of an in-place product (:class:`InPlaceB`): a whole tile whose
     pitch-space columns lie inside one output row goes straight into C (its columns are one
     contiguous run there) with the epilogue on constant bounds, like a packed product's tile;
