@@ -369,6 +369,24 @@ def test_packed_gemm_other_vector_widths(blocking: str, monkeypatch) -> None:
     check(conv, feeds_for({"x": (1, 16, 15, 17)}), conv="gemm", cache=False)
 
 
+@pytest.mark.parametrize("blocking", ["mr=12,nr=32,width=8", "mr=5,nr=16,width=8,mc=35"],
+                         ids=["avx512-tile", "odd-mr"])
+def test_edge_panel_kernels_other_tiles(blocking: str, monkeypatch) -> None:
+    """The edge-panel kernels on other register tiles, forced through POLYML_GEMM_BLOCKING:
+    AVX-512's 12x32 (narrow kernels of 16, 8 and 4 columns; partial row panels of M mod 12
+    rows) and a 5-row tile; an in-place stem on rows aligned to the tile (32 columns), a 7x7
+    1x1 (49 columns: one in the last panel) and a 14x14 one (196: four), as onnxruntime."""
+    monkeypatch.setenv("POLYML_GEMM_BLOCKING", blocking)
+    monkeypatch.setenv("POLYML_CONV_INPLACE", "1")
+    rng = np.random.default_rng(4)
+    for xs, ws, attrs in (((1, 3, 66, 64), (20, 3, 3, 3), {"strides": [2, 2], "pads": [1, 1, 1, 1]}),
+                          ((1, 32, 7, 7), (22, 32, 1, 1), {}), ((1, 24, 14, 14), (44, 24, 1, 1), {})):
+        w = rng.standard_normal(ws).astype(np.float32)
+        conv = node_model("Conv", {"x": xs}, initializers={"w": w}, **attrs)
+        for threads in (1, 2):
+            check(conv, feeds_for({"x": xs}), conv="gemm", cache=False, threads=threads)
+
+
 def test_gemm_blocking_override_errors(monkeypatch) -> None:
     from polyml.codegen.gemm import blocking_for_host
     from polyml.errors import PolymlError
