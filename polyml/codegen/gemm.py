@@ -605,15 +605,15 @@ def _store_tile(b: ir.IRBuilder, spec: GemmSpec, ops: Sequence[ir.Value], blk: B
     ldc = _c(spec.ldc)
     full = b.and_(b.icmp_signed("==", rows, _c(mr)), b.icmp_signed("==", cols, _c(nr)))
     kernel = ukernel
-    narrow_cols, narrow = narrow
-    edge_kernel = narrow[0] if narrow else None
+    narrow_cols, narrow_fns = narrow
+    edge_kernel = narrow_fns[0] if narrow_fns else None
     if direct_kernel is not None:  # whole row tiles read A in place, the partial one its panel
         ap_in_place = b.gep(ops[0], [b.add(b.mul(i0, _c(spec.lda)), pc)], inbounds=True)
         whole_rows = b.icmp_signed("==", rows, _c(mr))
         ap = b.select(whole_rows, ap_in_place, ap)
         kernel = b.select(whole_rows, direct_kernel, ukernel)
-        if narrow:
-            edge_kernel = b.select(whole_rows, narrow[1], narrow[0])
+        if narrow_fns:
+            edge_kernel = b.select(whole_rows, narrow_fns[1], narrow_fns[0])
     with b.if_else(full) as (then, otherwise):
         with then:
             b.call(kernel, [kc, ap, bp, c_addr(i0, j0), ldc, b.not_(first)])
@@ -793,14 +793,14 @@ def _pack_b_rows(b: ir.IRBuilder, spec: GemmSpec, ops: Sequence[ir.Value], b_pac
     10: the 1x1 projections after a depthwise layer, whose input has just left L2, 96->24 @56
     0.81, 144->24 @56 0.86, 144->32 @28 0.90; on 14x14 and 7x7 maps within 5 %.)"""
     whole = b.sdiv(nc, _c(nr))
-    address = getattr(spec.load_b, "address", None)
+    address = getattr(spec.load_b, "address", None) if PACK_PREFETCH_ROWS > 0 else None
     with for_range(b, 0, kc, name="pack_b.row") as p:
         row = b.add(pc, p)
-        ahead = _min(b, b.add(row, _c(PACK_PREFETCH_ROWS)), _c(spec.k - 1))
+        ahead = _min(b, b.add(row, _c(PACK_PREFETCH_ROWS)), _c(spec.k - 1)) if address is not None else None
         with for_range(b, 0, whole, name="pack_b.row.jp") as jp:
             dst = b.gep(b_pack, [b.add(b.mul(b.mul(jp, kc), _c(nr)), b.mul(p, _c(nr)))], inbounds=True)
             col0 = b.add(jc, b.mul(jp, _c(nr)))
-            if address is not None and PACK_PREFETCH_ROWS > 0:
+            if address is not None:
                 _prefetch(b, address(b, ops, ahead, col0))
             with for_range(b, 0, nr, name="pack_b.row.jj") as jj:
                 b.store(spec.load_b(b, ops, row, b.add(col0, jj)), b.gep(dst, [jj], inbounds=True))
