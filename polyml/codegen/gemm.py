@@ -900,10 +900,9 @@ def scratch_floats(spec: GemmSpec, blk: Blocking, parts: int) -> int:
 
 def blocking_for_host() -> Blocking:
     """:func:`host_blocking` for this machine's target features and caches."""
-    from polyml.driver.flags import host_data_caches
-    from polyml.driver.toolchain import host_target
+    from polyml.driver.toolchain import host_target, target_data_caches
 
-    caches = host_data_caches()
+    caches = target_data_caches()
     l1 = caches.get(1, (32 << 10, 8))[0]
     l2 = caches.get(2, (1 << 20, 16))[0]
     l3 = caches.get(3, (32 << 20, 16))[0]

@@ -152,10 +152,9 @@ def blocking_for_host(m: int | None = None) -> IBlocking:
     """:func:`host_iblocking` for this machine; ``POLYML_IGEMM`` forces a micro-kernel for
     tests and experiments: ``vnni``, ``madd`` (same width as the host's), ``madd8`` (the AVX2
     6 × 16 tile on 8 lanes), optionally followed by ``,mr=..,nr=..,kc=..,mc=..,nc=..``."""
-    from polyml.driver.flags import host_data_caches
-    from polyml.driver.toolchain import host_target
+    from polyml.driver.toolchain import host_target, target_data_caches
 
-    caches = host_data_caches()
+    caches = target_data_caches()
     l1 = caches.get(1, (32 << 10, 8))[0]
     l2 = caches.get(2, (1 << 20, 16))[0]
     features = host_target().features

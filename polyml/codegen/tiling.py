@@ -11,35 +11,18 @@ the L2 by default, the other half for the weights and the output block's rows).
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
-from pathlib import Path
 
+from polyml.driver.toolchain import parse_size, target_data_caches
 from polyml.errors import PolymlError
 
 FALLBACK = {1: 32 * 1024, 2: 1024 * 1024}
-SYS_CACHE = Path("/sys/devices/system/cpu/cpu0/cache")
 
 
-def _bytes(text: str) -> int:
-    m = re.fullmatch(r"\s*(\d+)\s*([KMG]?)i?B?\s*", text, re.IGNORECASE)
-    if not m:
-        raise ValueError(f"not a size: {text!r} (e.g. 48K, 2M, 1048576)")
-    return int(m.group(1)) * {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}[m.group(2).upper()]
-
-
-def cache_sizes(root: Path = SYS_CACHE) -> dict[int, int]:
-    """Data/unified cache size per level from sysfs (``index*/{level,type,size}``), with
-    32K L1 / 1M L2 where the host does not say."""
-    sizes = dict(FALLBACK)
-    try:
-        for idx in sorted(root.glob("index*")):
-            if (idx / "type").read_text().strip() == "Instruction":
-                continue
-            sizes[int((idx / "level").read_text())] = _bytes((idx / "size").read_text())
-    except (OSError, ValueError):
-        pass
-    return sizes
+def cache_sizes() -> dict[int, int]:
+    """Data/unified cache size per level of the target (:func:`target_data_caches`), with
+    32K L1 / 1M L2 where it does not say."""
+    return FALLBACK | {level: size for level, (size, _ways) in target_data_caches().items()}
 
 
 @dataclass(frozen=True)
@@ -70,7 +53,7 @@ def resolve(spec: str = "auto") -> TilePlan:
             if not sep or key.strip() not in ("l1", "l2", "conv"):
                 raise PolymlError(f"--tile-sizes {spec!r}: expected auto, off or l1=SIZE,l2=SIZE,conv=SIZE")
             try:
-                n = _bytes(val)
+                n = parse_size(val)
             except ValueError as e:
                 raise PolymlError(f"--tile-sizes {spec!r}: {e}") from None
             if key.strip() == "l1":

@@ -14,11 +14,9 @@ Polly runs per module, and the lowering puts op functions into one module per *p
 
 from __future__ import annotations
 
-import functools
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
 
-from polyml.driver.toolchain import host_target
+from polyml.driver.toolchain import host_target, target_data_caches
 from polyml.errors import PolymlError
 
 POLICIES = ("polly", "tile", "off")
@@ -49,25 +47,6 @@ POLLY_GEMM_AVX512 = ["-polly-target-latency-vector-fma=12", "-polly-target-throu
 #: Polly allocates its packed B panel (Kc x Nc, Nc = quotient x Nr) on the stack of the calling
 #: (OpenMP worker) thread; the default quotient 256 made 4-6 MiB arrays that overflowed it
 POLLY_GEMM_NC_QUOTIENT = ["-polly-pattern-matching-nc-quotient=64"]
-SYS_CACHE = "/sys/devices/system/cpu/cpu0/cache"
-
-
-@functools.cache
-def host_data_caches(root: str = SYS_CACHE) -> dict[int, tuple[int, int]]:
-    """Level -> (bytes, associativity) of the data/unified caches, from sysfs ({} if unknown)."""
-    out: dict[int, tuple[int, int]] = {}
-    for d in sorted(Path(root).glob("index*")):
-        try:
-            if (d / "type").read_text().strip() == "Instruction":
-                continue
-            size = (d / "size").read_text().strip()
-            n = int(size.rstrip("KMG")) * {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(size[-1:], 1)
-            out[int((d / "level").read_text())] = (n, int((d / "ways_of_associativity").read_text()))
-        except (OSError, ValueError):
-            continue
-    return out
-
-
 def polly_gemm_flags(tuned: bool = False) -> list[str]:
     """Polly's GEMM pattern optimizer tuned to this host: FMA shape and L1/L2 sizes (Polly's
     x86 defaults assume 32 KiB L1 and 256 KiB L2; the real 48 KiB / 2 MiB of the development
@@ -85,8 +64,8 @@ def polly_gemm_flags(tuned: bool = False) -> list[str]:
     if "+avx512f" in host_target().features:
         flags += POLLY_GEMM_AVX512
     for level, name in ((1, "1st"), (2, "2nd")):
-        if level in host_data_caches():
-            size, ways = host_data_caches()[level]
+        if level in target_data_caches():
+            size, ways = target_data_caches()[level]
             size = size // 2 if level == 2 else size
             flags += [f"-polly-target-{name}-cache-level-size={size}", f"-polly-target-{name}-cache-level-associativity={ways}"]
     return flags

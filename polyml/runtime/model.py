@@ -35,6 +35,36 @@ ALIGN = 64
 # GOMP_SPINCOUNT or OMP_WAIT_POLICY for shared hosts (the test suite does).
 
 
+#: LLVM's name of a vector extension generated code may use -> its flag in /proc/cpuinfo
+CPUINFO_FLAGS = {
+    "sse3": "pni", "ssse3": "ssse3", "sse4.1": "sse4_1", "sse4.2": "sse4_2", "avx": "avx", "avx2": "avx2", "fma": "fma",
+    "f16c": "f16c", "avx512f": "avx512f", "avx512cd": "avx512cd", "avx512bw": "avx512bw", "avx512dq": "avx512dq",
+    "avx512vl": "avx512vl", "avx512vnni": "avx512_vnni", "avx512bf16": "avx512_bf16", "avx512fp16": "avx512_fp16",
+    "avx512vbmi": "avx512vbmi", "avx512ifma": "avx512ifma", "avxvnni": "avx_vnni", "amx-tile": "amx_tile",
+    "amx-int8": "amx_int8", "amx-bf16": "amx_bf16",
+}
+
+
+CPUINFO = "/proc/cpuinfo"
+
+
+def missing_cpu_features(target: dict, cpuinfo: str | os.PathLike | None = None) -> list[str]:
+    """The vector extensions an artifact's target (``manifest["target"]``) has and this CPU lacks,
+    by LLVM's names; [] where the target is not x86 or ``cpuinfo`` cannot be read."""
+    if not str(target.get("triple", "")).startswith("x86_64"):
+        return []
+    try:
+        with open(cpuinfo or CPUINFO) as f:
+            line = next((ln for ln in f if ln.startswith("flags")), "")
+    except OSError:
+        return []
+    have = set(line.partition(":")[2].split())
+    if not have:
+        return []
+    wanted = [f[1:] for f in str(target.get("features", "")).split(",") if f.startswith("+")]
+    return [f for f in wanted if f in CPUINFO_FLAGS and CPUINFO_FLAGS[f] not in have]
+
+
 def aligned_empty(nbytes: int) -> np.ndarray:
     """A uint8 array of ``nbytes`` whose data pointer is 64-byte aligned."""
     raw = np.empty(nbytes + ALIGN, dtype=np.uint8)
@@ -129,6 +159,8 @@ class CompiledModel:
         # the slots each run points at its own arrays (a few among hundreds of weights/temps)
         self._io_slots = [(i, s["kind"], s["name"]) for i, s in enumerate(self._slots) if s["kind"] in ("input", "output")]
         self._lock = threading.Lock()
+        # a cross build (POLYML_TARGET_CPU) loads anywhere but runs only where its instructions exist
+        self._missing_features = missing_cpu_features(m.get("target", {}))
         set_num_threads(int(m["options"].get("threads", 0)))
 
     def check_inputs(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
@@ -174,6 +206,10 @@ class CompiledModel:
 
     def _call(self, entry, *args) -> None:  # noqa: ANN001 - a ctypes function
         """Run ``entry(table, *args)``; raise where generated code met an index out of range."""
+        if self._missing_features:
+            cpu = self.manifest["target"].get("cpu", "?")
+            raise ModelFormatError(f"{self.dir}: built for the CPU {cpu!r}; this machine's CPU lacks "
+                                   f"{', '.join(self._missing_features)}, which its code uses (rebuild it here)")
         if self._status is not None:
             self._status.value = 0
         entry(self._table, *args)
