@@ -104,3 +104,14 @@ def test_cross_build_records_its_target_and_refuses_a_lesser_cpu(tmp_path, targe
     with pytest.raises(ModelFormatError, match=r"built for the CPU 'rocketlake'; this machine's CPU lacks avx512"):
         lesser.run(feeds)
     assert model.manifest["target"] == manifest["target"]
+
+
+def test_doctor_names_the_cross_target(target_env) -> None:
+    from polyml.commands import doctor
+
+    target_env(cpu="znver4", caches="32K,1M,32M")
+    cpu = doctor._cpu()
+    assert cpu["ok"] and cpu["name"] == "znver4" and cpu["cross_target"] == "znver4"
+    assert cpu["caches"] == {"L1": 32 << 10, "L2": 1 << 20, "L3": 32 << 20}
+    assert "avx512f" in cpu["vector_features"]
+    assert "builds for znver4" in doctor._details("cpu", cpu)

@@ -111,7 +111,7 @@ def _islpy() -> dict:
 
 
 def _cpu() -> dict:
-    from polyml.driver.toolchain import host_target
+    from polyml.driver.toolchain import TARGET_CPU_ENV, host_target, target_data_caches
 
     model = ""
     try:
@@ -123,8 +123,11 @@ def _cpu() -> dict:
         t = host_target()
     except Exception as e:
         return {"ok": False, "name": None, "model": model or platform.processor(), "error": str(e)}
+    # a cross build (POLYML_TARGET_CPU): the CPU builds are for, not this one
+    cross = os.environ.get(TARGET_CPU_ENV, "").strip() or None
     return {"ok": True, "name": t.cpu, "triple": t.triple, "model": model or platform.processor(),
-            "vector_features": t.vector_features}
+            "vector_features": t.vector_features, "cross_target": cross,
+            "caches": {f"L{level}": size for level, (size, _ways) in sorted(target_data_caches().items())}}
 
 
 def _threads() -> dict:
@@ -231,7 +234,8 @@ def _details(key: str, r: dict) -> str:
     if key == "islpy":
         return f"{r['version']} (isl {r['isl']})"
     if key == "cpu":
-        return f"{r['name']} ({r['triple']}; {r['model']}): {' '.join(r['vector_features'])}"
+        text = f"{r['name']} ({r['triple']}; {r['model']}): {' '.join(r['vector_features'])}"
+        return text + (f" — builds for {r['cross_target']} (POLYML_TARGET_CPU), not for this CPU" if r.get("cross_target") else "")
     return ""
 
 
