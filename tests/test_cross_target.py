@@ -115,3 +115,28 @@ def test_doctor_names_the_cross_target(target_env) -> None:
     assert cpu["caches"] == {"L1": 32 << 10, "L2": 1 << 20, "L3": 32 << 20}
     assert "avx512f" in cpu["vector_features"]
     assert "builds for znver4" in doctor._details("cpu", cpu)
+
+
+def test_cross_bench_rounds_only_the_product_weights(tmp_path) -> None:
+    """scripts/cross_bench.py shrinks the payload by rounding Conv/Gemm/MatMul weights to 255
+    levels; other initializers (batch-norm statistics) keep their values."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "scripts" / "cross_bench.py"
+    spec = importlib.util.spec_from_file_location("cross_bench", path)
+    cross_bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(cross_bench)
+    rng = np.random.default_rng(0)
+    w = rng.normal(size=(64, 32, 3, 3)).astype(np.float32)
+    scale = rng.uniform(0.5, 1.5, size=64).astype(np.float32)
+    graph = helper.make_graph(
+        [helper.make_node("Conv", ["x", "w"], ["y"], pads=[1, 1, 1, 1]),
+         helper.make_node("Mul", ["y", "s"], ["z"])], "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 32, 8, 8])],
+        [helper.make_tensor_value_info("z", TensorProto.FLOAT, None)],
+        [numpy_helper.from_array(w, "w"), numpy_helper.from_array(scale.reshape(1, 64, 1, 1), "s")])
+    rounded = cross_bench.round_weights(helper.make_model(graph))
+    got = {i.name: numpy_helper.to_array(i) for i in rounded.graph.initializer}
+    assert len(np.unique(got["w"])) <= 255 and np.abs(got["w"] - w).max() <= np.abs(w).max() / 127
+    np.testing.assert_array_equal(got["s"].ravel(), scale)
