@@ -7,14 +7,15 @@ islpy, a 64 MiB upload): the big weights are rounded to 255 levels per tensor so
 compresses about 4x (latency does not depend on the values; the errors are still checked)::
 
     .venv/bin/python scripts/cross_bench.py prep --cpu rocketlake --caches 48K,2M,32M \\
-        --models mobilenet_v2,efficientnet_b0,squeezenet,shufflenet --cuda squeezenet,shufflenet \\
+        --models mobilenet_v2,efficientnet_b0,squeezenet,shufflenet --cuda squeezenet,shufflenet,bert_small \\
         --torch-models build/issue14 --work build/cross          # ~13 min on 2 cores
     # there, from the repository root (numpy, onnx, onnxruntime; cuda-bindings for the GPU rows):
     python3 scripts/cross_bench.py run --payload build/cross/payload.tar.xz --out "$OUT"
 
 ``run`` pins itself to two CPUs on different physical cores, prints markdown tables (CPU models
 at 1 and 2 threads, MatMul 1024³/2048³ against OpenBLAS, the CUDA builds on the GPU with their
-error against onnxruntime) and writes ``results.json``.  Each row that fails prints its error and
+error against onnxruntime; the transformer fixtures of tests/fixtures/onnx exercise Gather's
+index checks on the device) and writes ``results.json``.  Each row that fails prints its error and
 the rest go on.
 """
 
@@ -23,6 +24,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tarfile
@@ -52,9 +54,16 @@ def round_weights(model: onnx.ModelProto, levels: int = 255) -> onnx.ModelProto:
     return model
 
 
+FIXTURES = Path(__file__).resolve().parents[1] / "tests" / "fixtures" / "onnx"
+
+
 def prep_model(name: str, models: Path, torch_models: Path) -> Path:
     path = models / f"{name}.onnx"
     if not path.exists():
+        if (FIXTURES / f"{name}.onnx").is_file():  # exported transformers and CNNs, with their inputs
+            shutil.copy(FIXTURES / f"{name}.onnx", path)
+            shutil.copy(FIXTURES / f"{name}.inputs.npz", models / f"{name}.inputs.npz")
+            return path
         if name in LIGHT_MODELS:
             m = expose_logits(randomize_weights(onnx.load(str(light_model_path(name))), seed=0))
         elif (torch_models / f"{name}.onnx").is_file():
@@ -204,7 +213,8 @@ def cmd_run(args: argparse.Namespace) -> None:
 
             path = payload / "models" / f"{d.name.split('.')[0]}.onnx"
             proto = onnx.load(str(path))
-            feeds = random_inputs(proto, seed=1)
+            saved = path.with_suffix(".inputs.npz")
+            feeds = dict(np.load(saved)) if saved.is_file() else random_inputs(proto, seed=1)
             t0 = time.perf_counter()
             model = CudaModel(d)
             load_s = time.perf_counter() - t0
@@ -233,7 +243,8 @@ def main() -> None:
     p.add_argument("--cpu", default="rocketlake", help="clang -march name of the target CPU")
     p.add_argument("--caches", default="48K,2M,32M", help="its L1,L2,L3 data caches")
     p.add_argument("--models", default="mobilenet_v2,efficientnet_b0,squeezenet,shufflenet")
-    p.add_argument("--cuda", default="squeezenet,shufflenet", help="models built with --target cuda too ('' for none)")
+    p.add_argument("--cuda", default="squeezenet,shufflenet,bert_small,gpt2_small,mobilenet_v3_large_small,convnext_tiny_small",
+                   help="models built with --target cuda too: light CNNs or tests/fixtures/onnx models ('' for none)")
     p.add_argument("--torch-models", default="build/issue14", help="folder of torchvision ONNX exports")
     p.add_argument("--work", default="build/cross")
     r = sub.add_parser("run", help="run a payload (numpy, onnx, onnxruntime; no toolchain)")

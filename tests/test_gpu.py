@@ -179,3 +179,72 @@ def test_conv_runs_on_device_and_matches_onnxruntime(tmp_path):
     ref = testing.onnxruntime_run(model, feeds)
     for name in ref:
         assert testing.rel_error(got[name], ref[name]) < 1e-4
+
+
+def test_device_backend_reads_and_clears_the_status_words(monkeypatch):
+    """A kernel that met an out-of-range index leaves 1 + its step in its module's status word:
+    the device back end reads every module's word after a run, names the op and clears it
+    (a fake driver: no GPU here)."""
+    import ctypes
+
+    from polyml.gpu import runtime
+    from polyml.gpu.runtime import DeviceBackend
+
+    def check(result, what):  # noqa: ANN001, ANN202 - the driver's (CUresult, *values), success assumed
+        assert result[0] == 0, what
+        return result[1] if len(result) == 2 else None
+
+    monkeypatch.setattr(runtime, "_check", check)
+
+    words = {0x1000: ctypes.c_int32(0), 0x2000: ctypes.c_int32(0)}
+
+    class FakeDriver:
+        def cuMemcpyDtoH(self, dst, src, n):  # noqa: ANN001, ANN202, N802
+            ctypes.memmove(dst, ctypes.addressof(words[src]), n)
+            return (0,)
+
+        def cuMemsetD32(self, ptr, value, count):  # noqa: ANN001, ANN202, N802
+            words[ptr].value = value
+            return (0,)
+
+    be = object.__new__(DeviceBackend)
+    be._d = FakeDriver()
+    be._status_words = [(0x1000, "Gather", "emb"), (0x2000, "GatherND", "g")]
+    assert be.take_status() is None
+    words[0x2000].value = 7
+    assert be.take_status() == ("GatherND", "g") and words[0x2000].value == 0
+    assert be.take_status() is None
+
+
+def test_cuda_model_raises_what_the_backend_reports(tmp_path):
+    """CudaModel.run turns a back end's status into the CPU build's InputError."""
+    from polyml.errors import InputError
+    from polyml.gpu.emulate.launch import EmulatorBackend
+    from polyml.gpu.runtime import CudaModel
+
+    class Reporting(EmulatorBackend):
+        def take_status(self):  # noqa: ANN202
+            return ("Gather", "y")
+
+    model = _conv_model()
+    g, path = _graph(tmp_path, model)
+    build_cuda_artifact(g, tmp_path / "a", ptx=False)
+    m = CudaModel(tmp_path / "a", backend=Reporting())
+    with pytest.raises(InputError, match="Gather node 'y': an index in the input data is out of range"):
+        m.run(testing.random_inputs(model))
+
+
+@needs_ptxas
+def test_index_checked_modules_define_their_status_word(tmp_path):
+    """Every PTX module whose kernels check indices defines its own (weak) status word, so a
+    device loads it without an unresolved extern; ptxas accepts it."""
+    from onnx import TensorProto, helper
+
+    graph = helper.make_graph([helper.make_node("Gather", ["x", "i"], ["y"], axis=0)], "g",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [5, 3]),
+                               helper.make_tensor_value_info("i", TensorProto.INT64, [4])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [4, 3])])
+    g, _ = _graph(tmp_path, helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]))
+    build_cuda_artifact(g, tmp_path / "a", check_ptxas=True)
+    ptx = "\n".join(p.read_text() for p in (tmp_path / "a" / "ptx").glob("*.ptx"))
+    assert ".weak .global .align 4 .u32 polyml_status" in ptx and ".extern .global .align 4 .u32 polyml_status" not in ptx

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 
 import llvmlite.ir as ir
 
-from polyml.codegen.builder import Buffer, pointer_type, sanitize
+from polyml.codegen.builder import STATUS, Buffer, pointer_type, sanitize
 from polyml.codegen.memory import FlatCopy, Slot, SlotTable
 from polyml.errors import PolymlError
 from polyml.gpu import TRIPLE
@@ -165,6 +165,7 @@ def lower_graph_cuda(graph: Graph, verify: bool = True, shared_bytes: int = 0) -
             raise
         except AssertionError as e:
             raise GpuLoweringError(f"{node.label!r}: grid mapping check failed: {e}") from None
+        own_status_word(module)
         modules[fname] = module
         records[fname] = recs
         for kname, m in ks:
@@ -189,5 +190,16 @@ def lower_graph_cuda(graph: Graph, verify: bool = True, shared_bytes: int = 0) -
     return CudaLowered(modules, launches, slots, table.weights, arena,
                        {n: types[n] for n in graph.inputs}, {n: types[n] for n in graph.outputs}, records)
 
+
+
+def own_status_word(module: ir.Module) -> None:
+    """Define the module's ``polyml_status`` where its index checks store to it: each CUDA module
+    is loaded on its own (``cuModuleLoadData`` resolves no ``extern``), so each owns its status
+    word, which :class:`polyml.gpu.runtime.DeviceBackend` reads after a run; weak, so the
+    emulator's host library links the modules' copies as one (its runtime's)."""
+    status = module.globals.get(STATUS)
+    if status is not None:
+        status.initializer = ir.Constant(ir.IntType(32), 0)
+        status.linkage = "weak"
 
 __all__ = ["CudaLowered", "Launch", "Slot", "lower_graph_cuda", "lower_op"]

@@ -30,7 +30,7 @@ from typing import Protocol
 
 import numpy as np
 
-from polyml.errors import ModelFormatError, PolymlError
+from polyml.errors import InputError, ModelFormatError, PolymlError
 
 
 class NoCudaDevice(PolymlError):
@@ -214,7 +214,15 @@ class Backend(Protocol):
 
     def synchronize(self) -> None: ...
 
+    def take_status(self) -> tuple[str, str] | None:
+        """After :meth:`synchronize`: ``(op_type, op)`` of a kernel that met an out-of-range
+        index since the last call (its status word cleared), else None."""
+
     def close(self) -> None: ...
+
+
+#: the module global an index check stores ``1 + step`` to (``polyml.codegen.builder.STATUS``)
+STATUS_WORD = b"polyml_status"
 
 
 class DeviceBackend:
@@ -226,6 +234,7 @@ class DeviceBackend:
         self._allocs: list[int] = []
         self._modules: dict[str, object] = {}
         self._launches: list = []
+        self._status_words: list[tuple[int, str, str]] = []  # (device address, op_type, op) per module
         self._stream = _check(self._d.cuStreamCreate(0), "cuStreamCreate")
 
     def alloc(self, nbytes: int) -> int:
@@ -252,6 +261,9 @@ class DeviceBackend:
             if mod is None:
                 image = (plan.dir / k.ptx).read_bytes() + b"\0"
                 mod = self._modules[k.ptx] = _check(d.cuModuleLoadData(image), f"cuModuleLoadData {k.ptx}")
+                found = d.cuModuleGetGlobal(mod, STATUS_WORD)  # modules with index checks own one
+                if int(found[0]) == 0:
+                    self._status_words.append((int(found[1]), k.op_type, k.op))
             fn = _check(d.cuModuleGetFunction(mod, k.name.encode()), f"cuModuleGetFunction {k.name}")
             args = [ctypes.c_void_p(ptrs[s]) for s in k.slots]
             params = (ctypes.c_void_p * len(args))(*[ctypes.addressof(a) for a in args])
@@ -264,6 +276,16 @@ class DeviceBackend:
 
     def synchronize(self) -> None:
         _check(self._d.cuStreamSynchronize(self._stream), "cuStreamSynchronize")
+
+    def take_status(self) -> tuple[str, str] | None:
+        met = None
+        for ptr, op_type, op in self._status_words:
+            word = ctypes.c_int32(0)
+            _check(self._d.cuMemcpyDtoH(ctypes.addressof(word), ptr, 4), "cuMemcpyDtoH polyml_status")
+            if word.value:
+                _check(self._d.cuMemsetD32(ptr, 0, 1), "cuMemsetD32 polyml_status")
+                met = met or (op_type, op)
+        return met
 
     def close(self) -> None:
         for p in self._allocs:
@@ -313,6 +335,9 @@ class CudaModel:
                 if s.kind == "output":
                     be.download(outs[s.name], self._ptr[i])
             be.synchronize()
+            met = be.take_status()
+        if met is not None:
+            raise InputError(f"{met[0]} node {met[1]!r}: an index in the input data is out of range (the outputs are not valid)")
         return outs
 
     def close(self) -> None:
