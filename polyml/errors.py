@@ -39,6 +39,12 @@ class InputError(PolymlError):
     """Inputs given at run time do not match the compiled model's interface."""
 
 
+def index_out_of_range(what: str) -> InputError:
+    """The error of a run whose step ``what`` (``"Gather node 'y'"``) met an index out of range
+    in the input data (CPU builds, the CUDA emulator and a device alike)."""
+    return InputError(f"{what}: an index in the input data is out of range (the outputs are not valid)")
+
+
 class EmulationError(PolymlError):
     """The CUDA emulator found a kernel fault (an out-of-bounds access, a barrier not every
     thread of a block reaches) or cannot emulate a kernel."""

@@ -7,8 +7,8 @@ and feature list must come from LLVM 19: LLVM 22 knows features that 19 rejects.
 Cross builds for another x86-64 machine: ``POLYML_TARGET_CPU`` names its CPU as clang's
 ``-march`` does (``sapphirerapids``, ``znver4``, ``x86-64-v4``...) and ``POLYML_TARGET_CACHES``
 its data caches (``48K,2M,105M``: L1, L2, L3), which size the GEMM blocks and conv tiles; without
-them polyml builds for the machine it runs on.  The artifact records the target and refuses to
-load on a CPU that lacks its vector features (:mod:`polyml.runtime.model`).
+them polyml builds for the machine it runs on.  The artifact records the target; it loads
+anywhere but refuses to run on a CPU that lacks its vector features (:mod:`polyml.runtime.model`).
 """
 
 from __future__ import annotations

@@ -191,7 +191,6 @@ def lower_graph_cuda(graph: Graph, verify: bool = True, shared_bytes: int = 0) -
                        {n: types[n] for n in graph.inputs}, {n: types[n] for n in graph.outputs}, records)
 
 
-
 def own_status_word(module: ir.Module) -> None:
     """Define the module's ``polyml_status`` where its index checks store to it: each CUDA module
     is loaded on its own (``cuModuleLoadData`` resolves no ``extern``), so each owns its status
@@ -201,5 +200,6 @@ def own_status_word(module: ir.Module) -> None:
     if status is not None:
         status.initializer = ir.Constant(ir.IntType(32), 0)
         status.linkage = "weak"
+
 
 __all__ = ["CudaLowered", "Launch", "Slot", "lower_graph_cuda", "lower_op"]

@@ -30,7 +30,7 @@ from typing import Protocol
 
 import numpy as np
 
-from polyml.errors import InputError, ModelFormatError, PolymlError
+from polyml.errors import ModelFormatError, PolymlError, index_out_of_range
 
 
 class NoCudaDevice(PolymlError):
@@ -337,7 +337,7 @@ class CudaModel:
             be.synchronize()
             met = be.take_status()
         if met is not None:
-            raise InputError(f"{met[0]} node {met[1]!r}: an index in the input data is out of range (the outputs are not valid)")
+            raise index_out_of_range(f"{met[0]} node {met[1]!r}")
         return outs
 
     def close(self) -> None:

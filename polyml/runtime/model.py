@@ -20,7 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
-from polyml.errors import InputError, ModelFormatError
+from polyml.errors import InputError, ModelFormatError, index_out_of_range
 
 ALIGN = 64
 
@@ -217,7 +217,7 @@ class CompiledModel:
             step = self._status.value - 1
             fns = self.manifest.get("functions", [])
             what = f"{fns[step]['op_type']} node {fns[step]['node']!r}" if step < len(fns) else f"step {step}"
-            raise InputError(f"{what}: an index in the input data is out of range (the outputs are not valid)")
+            raise index_out_of_range(what)
 
     def profile(self, feeds: dict[str, np.ndarray], repeat: int = 10) -> list[dict]:
         """Median seconds of each op function: the steps run one by one through

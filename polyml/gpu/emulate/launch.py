@@ -16,7 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
-from polyml.errors import EmulationError, InputError, ModelFormatError
+from polyml.errors import EmulationError, ModelFormatError, index_out_of_range
 from polyml.gpu.emulate.compile import build_library
 from polyml.gpu.emulate.rewrite import KernelInfo, Rewritten, Site, rewrite_module
 from polyml.gpu.runtime import CudaModel, CudaPlan, LaunchPlan
@@ -129,8 +129,7 @@ class EmulatorBackend:
             raise EmulationError(self._describe(ln, err))
         if self._status.value:
             self._status.value = 0
-            raise InputError(f"{ln.plan.op_type} node {ln.plan.op!r}: an index in the input data is out of range "
-                             "(the outputs are not valid)")
+            raise index_out_of_range(f"{ln.plan.op_type} node {ln.plan.op!r}")
 
     def synchronize(self) -> None:
         pass
