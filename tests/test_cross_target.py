@@ -140,3 +140,19 @@ def test_cross_bench_rounds_only_the_product_weights(tmp_path) -> None:
     got = {i.name: numpy_helper.to_array(i) for i in rounded.graph.initializer}
     assert len(np.unique(got["w"])) <= 255 and np.abs(got["w"] - w).max() <= np.abs(w).max() / 127
     np.testing.assert_array_equal(got["s"].ravel(), scale)
+
+
+def test_cross_build_for_a_lesser_cpu_runs_here_and_matches(tmp_path, target_env) -> None:
+    """A cross build for a CPU this host covers (x86-64-v3: AVX2 and FMA, else x86-64-v2) runs here
+    and matches onnxruntime: the named target's code, not only its refusal, is right."""
+    path = tmp_path / "conv.onnx"
+    _conv_model(path)
+    host = set(toolchain.host_target().features.split(","))
+    cpu = "x86-64-v3" if {"+avx2", "+fma"} <= host else "x86-64-v2"
+    target_env(cpu=cpu, caches="32K,512K,8M")
+    model = compile_graph(read_graph(path), tmp_path / "a")
+    assert model.manifest["target"]["cpu"] == cpu
+    proto = onnx.load(path)
+    feeds = testing.random_inputs(proto)
+    ref = testing.onnxruntime_run(proto, feeds)
+    assert testing.rel_error(model.run(feeds)["z"], ref["z"]) < 1e-5
