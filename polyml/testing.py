@@ -76,6 +76,12 @@ def expose_logits(model: onnx.ModelProto) -> onnx.ModelProto:
     return m
 
 
+def seeded_light_model(name: str, seed: int = 0) -> onnx.ModelProto:
+    """Light CNN ``name`` of the onnx wheel with seeded random weights (:func:`randomize_weights`)
+    and its logits exposed (:func:`expose_logits`): the model every CNN test and benchmark runs."""
+    return expose_logits(randomize_weights(onnx.load(str(light_model_path(name))), seed=seed))
+
+
 def random_inputs(model: onnx.ModelProto, seed: int = 1) -> dict[str, np.ndarray]:
     """Seeded data for every graph input that is not an initializer: standard-normal values
     for floating-point inputs (in the input's dtype), integers in [-100, 100) for the rest."""

@@ -35,7 +35,7 @@ import polyml
 from polyml import benchmark
 from polyml.compiler import read_graph
 from polyml.flops import graph_flops
-from polyml.testing import LIGHT_MODELS, expose_logits, light_model_path, random_inputs, randomize_weights, rel_error
+from polyml.testing import LIGHT_MODELS, random_inputs, rel_error, seeded_light_model
 
 
 def timed(runners: dict, repeat: int, timing: dict, label: str) -> dict[str, dict[str, float]]:
@@ -74,7 +74,7 @@ def bench_model(name: str, repeat: int, threads: int, work: Path, timing: dict |
     import onnxruntime as ort
 
     variants = variants or parse_variants(DEFAULT_VARIANTS)
-    model = expose_logits(randomize_weights(onnx.load(str(light_model_path(name))), seed=0))
+    model = seeded_light_model(name)
     path = work / f"{name}.onnx"
     onnx.save(model, str(path))
     feeds = random_inputs(model, seed=1)
@@ -146,7 +146,7 @@ def bench_fusion(name: str, repeat: int, threads: int, work: Path, timing: dict 
     import numpy as np
     import onnxruntime as ort
 
-    model = expose_logits(randomize_weights(onnx.load(str(light_model_path(name))), seed=0))
+    model = seeded_light_model(name)
     path = work / f"{name}.onnx"
     onnx.save(model, str(path))
     feeds = random_inputs(model, seed=1)

@@ -43,7 +43,7 @@ from onnx import TensorProto, helper
 
 from polyml import benchmark
 from polyml.compiler import compile as polyml_compile
-from polyml.testing import LIGHT_MODELS, expose_logits, light_model_path, random_inputs, randomize_weights, rel_error
+from polyml.testing import LIGHT_MODELS, random_inputs, rel_error, seeded_light_model
 
 TORCHVISION = ("efficientnet_b0", "mobilenet_v2")
 EXPORT = """
@@ -61,7 +61,7 @@ def prepare(name: str, work: Path, torch_python: str) -> Path:
     if path.is_file():
         return path
     if name in LIGHT_MODELS:
-        onnx.save(expose_logits(randomize_weights(onnx.load(str(light_model_path(name))), seed=0)), str(path))
+        onnx.save(seeded_light_model(name), str(path))
     elif name in TORCHVISION:
         subprocess.run([torch_python, "-c", EXPORT, name, str(path)], check=True)
     else:

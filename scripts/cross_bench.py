@@ -38,7 +38,7 @@ import numpy as np  # noqa: E402
 import onnx  # noqa: E402
 from onnx import numpy_helper  # noqa: E402
 
-from polyml.testing import LIGHT_MODELS, expose_logits, light_model_path, random_inputs, randomize_weights, rel_error  # noqa: E402
+from polyml.testing import LIGHT_MODELS, random_inputs, rel_error, seeded_light_model  # noqa: E402
 
 MATMUL_SIZES = (1024, 2048)
 
@@ -65,7 +65,7 @@ def prep_model(name: str, models: Path, torch_models: Path) -> Path:
             shutil.copy(FIXTURES / f"{name}.inputs.npz", models / f"{name}.inputs.npz")
             return path
         if name in LIGHT_MODELS:
-            m = expose_logits(randomize_weights(onnx.load(str(light_model_path(name))), seed=0))
+            m = seeded_light_model(name)
         elif (torch_models / f"{name}.onnx").is_file():
             m = onnx.load(str(torch_models / f"{name}.onnx"))
         else:

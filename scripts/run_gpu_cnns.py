@@ -35,7 +35,7 @@ from polyml.compiler import read_graph
 from polyml.errors import PolymlError
 from polyml.gpu.build import build_cuda_artifact
 from polyml.gpu.runtime import CudaModel, require_device
-from polyml.testing import LIGHT_MODELS, expose_logits, light_model_path, random_inputs, randomize_weights, rel_error
+from polyml.testing import LIGHT_MODELS, random_inputs, rel_error, seeded_light_model
 
 
 def median_ms(fn, feeds: dict, repeat: int) -> float:  # noqa: ANN001
@@ -54,7 +54,7 @@ def prepared(name: str, work: Path) -> tuple[Path, dict, object, dict]:
     its path, random inputs, the onnxruntime CPU session and that session's outputs (the reference)."""
     import onnxruntime as ort
 
-    model = expose_logits(randomize_weights(onnx.load(str(light_model_path(name))), seed=0))
+    model = seeded_light_model(name)
     path = work / f"{name}.onnx"
     onnx.save(model, path)
     feeds = random_inputs(model)

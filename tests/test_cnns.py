@@ -8,22 +8,14 @@ import onnx
 import pytest
 
 from polyml import cli
-from polyml.testing import (
-    LIGHT_MODELS,
-    expose_logits,
-    light_model_path,
-    onnxruntime_run,
-    random_inputs,
-    randomize_weights,
-    rel_error,
-)
+from polyml.testing import LIGHT_MODELS, onnxruntime_run, random_inputs, rel_error, seeded_light_model
 
 pytestmark = pytest.mark.slow
 
 
 @pytest.mark.parametrize("name", LIGHT_MODELS)
 def test_light_cnn_matches_onnxruntime(name: str, tmp_path) -> None:
-    model = expose_logits(randomize_weights(onnx.load(str(light_model_path(name))), seed=0))
+    model = seeded_light_model(name)
     path = tmp_path / f"{name}.onnx"
     onnx.save(model, str(path))
     feeds = random_inputs(model, seed=1)

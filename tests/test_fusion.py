@@ -187,9 +187,9 @@ def test_tile_sizes(tmp_path) -> None:
 def test_acceptance_light_models(name: str, tmp_path) -> None:
     """Issue 5: fused output matches onnxruntime as closely as unfused, fewer loop nests,
     intermediate bytes down by at least 30%."""
-    from polyml.testing import expose_logits, light_model_path, random_inputs, randomize_weights
+    from polyml.testing import random_inputs, seeded_light_model
 
-    model = expose_logits(randomize_weights(onnx.load(str(light_model_path(name))), seed=0))
+    model = seeded_light_model(name)
     path = tmp_path / f"{name}.onnx"
     onnx.save(model, str(path))
     feeds = random_inputs(model, seed=1)

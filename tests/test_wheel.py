@@ -22,7 +22,7 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from polyml.testing import expose_logits, light_model_path, onnxruntime_run, random_inputs, randomize_weights, rel_error
+from polyml.testing import onnxruntime_run, random_inputs, rel_error, seeded_light_model
 
 pytestmark = pytest.mark.slow
 
@@ -159,7 +159,7 @@ def test_doctor(venv, env, work) -> None:
 
 
 def test_build_and_run_a_cnn_against_onnxruntime(venv, env, work) -> None:
-    model = expose_logits(randomize_weights(onnx.load(str(light_model_path("squeezenet"))), seed=0))
+    model = seeded_light_model("squeezenet")
     onnx.save(model, str(work / "squeezenet.onnx"))
     feeds = random_inputs(model, seed=1)
     np.savez(work / "in.npz", **feeds)
