@@ -339,13 +339,13 @@ def test_blocks_by_how_a_is_read() -> None:
     from polyml.codegen.gemm import GemmSpec, block_kc, block_nc, host_blocking, matrix_loader
 
     blk = host_blocking("+avx512f,+fma", 32 << 10, 1 << 20, 32 << 20)
-    assert (blk.kc, blk.kc_wide, blk.nc, blk.nc_wide) == (256, 512, 512, 1024)
+    assert (blk.kc, blk.kc_wide, blk.nc, blk.nc_wide) == (256, 512, 512, 4096)
 
     def spec(**how) -> GemmSpec:
         return GemmSpec(64, 4096, 2048, load_a=matrix_loader(0, 2048), load_b=matrix_loader(1, 4096), operands=2, **how)
 
-    assert (block_kc(spec(), blk), block_nc(spec(), blk)) == (512, 1024)
-    assert (block_kc(spec(prepacked_b=True), blk), block_nc(spec(prepacked_b=True), blk)) == (512, 1024)
+    assert (block_kc(spec(), blk), block_nc(spec(), blk)) == (512, 4096)
+    assert (block_kc(spec(prepacked_b=True), blk), block_nc(spec(prepacked_b=True), blk)) == (512, 4096)
     for constant in ({"prepacked_a": True}, {"lda": 2048}):
         assert (block_kc(spec(**constant), blk), block_nc(spec(**constant), blk)) == (256, 512)
         with pytest.raises(ValueError, match="pre-packed B"):

@@ -103,7 +103,10 @@ def host_blocking(features: str, l1: int = 32 << 10, l2: int = 1 << 20, l3: int 
     ``kc × nr`` B micro-panel to L1, ``mc`` one ``mc × kc`` A block to a quarter of L2 and
     ``nc`` the ``kc × nc`` B block to half of it.  Where A is packed at run time (a MatMul of
     activations: :func:`block_kc`, :func:`block_nc`) ``kc_wide`` sizes the A block to half of L2
-    and ``nc_wide`` the B block to 1/16 of L3.  Measured at 1024³ and 2048³ on the
+    and ``nc_wide`` the B block to half of L3 (at most 4096 columns): A is packed again for
+    every column block, so on a host with an 8 MiB L3 the former 1/16 (160 columns) packed a
+    2048³ product's A 13 times, 7 % of its time (``perf``, Zen 1, 1 thread); at half of L3
+    (1360) twice: 0.95x the time at 1 and 2 threads.  Measured at 1024³ and 2048³ on the
     development host (48 KiB L1, 2 MiB L2; 2 threads): kc 256-384 beat 192 by 5-10 %, mc
     from 96 to 480 and nc from 512 to 1344 within noise (``POLYML_GEMM_BLOCKING`` overrides).
     """
@@ -118,7 +121,7 @@ def host_blocking(features: str, l1: int = 32 << 10, l2: int = 1 << 20, l3: int 
     mc = max(mr, min(480, (l2 // 4) // (4 * kc) // mr * mr))
     nc = max(nr, min(4096, (l2 // 2) // (4 * kc) // nr * nr))
     kc_wide = max(kc, min(1024, (l2 // 2) // (4 * mc) // 16 * 16))
-    nc_wide = max(nc, min(4096, (l3 // 16) // (4 * kc_wide) // nr * nr))
+    nc_wide = max(nc, min(4096, (l3 // 2) // (4 * kc_wide) // nr * nr))
     return Blocking(mr, nr, w, mc, kc, nc, fma="+fma" in has or "+avx512f" in has, kc_wide=kc_wide,
                     nc_wide=nc_wide)
 
@@ -340,6 +343,11 @@ def tile_loop(b: ir.IRBuilder, zero: ir.Constant, mr: int, vectors: int, trip: i
     function (``ret void``)."""
     vec = zero.type
     width = vec.count
+    if C_PREFETCH:
+        for r in range(mr):
+            c_row = b.gep(c, [b.mul(ldc, _c(r), flags=["nsw"])], inbounds=True)
+            for off in (0, vectors * width - 1):
+                _prefetch(b, b.gep(c_row, [_c(off)], inbounds=True), write=True)
     entry = b.block
     loop = b.append_basic_block("k.body")
     done = b.append_basic_block("k.done")
@@ -776,12 +784,16 @@ def _tile_epilogue(b: ir.IRBuilder, spec: GemmSpec, ops: Sequence[ir.Value], las
 PACK_PREFETCH_ROWS = int(os.environ.get("POLYML_PACK_PREFETCH", "8"))
 
 
-def _prefetch(b: ir.IRBuilder, ptr: ir.Value) -> None:
-    """``llvm.prefetch`` of the cache line at ``ptr`` for reading, into all cache levels."""
+C_PREFETCH = os.environ.get("POLYML_C_PREFETCH", "1") != "0"
+
+
+def _prefetch(b: ir.IRBuilder, ptr: ir.Value, write: bool = False) -> None:
+    """``llvm.prefetch`` of the cache line at ``ptr`` for reading (``write``: for writing),
+    into all cache levels."""
     i8p, i32 = ir.IntType(8).as_pointer(), ir.IntType(32)
     fn = b.module.globals.get("llvm.prefetch.p0i8") or ir.Function(
         b.module, ir.FunctionType(ir.VoidType(), [i8p, i32, i32, i32]), "llvm.prefetch.p0i8")
-    b.call(fn, [b.bitcast(ptr, i8p), ir.Constant(i32, 0), ir.Constant(i32, 3), ir.Constant(i32, 1)])
+    b.call(fn, [b.bitcast(ptr, i8p), ir.Constant(i32, int(write)), ir.Constant(i32, 3), ir.Constant(i32, 1)])
 
 
 def _pack_b_rows(b: ir.IRBuilder, spec: GemmSpec, ops: Sequence[ir.Value], b_pack: ir.Value, pc: ir.Value,
