@@ -10,7 +10,7 @@ without its last two path components: ``/features/features.2/conv/conv.0``), whi
 torch-exported models; unpaired steps are listed too::
 
     .venv/bin/python scripts/steps_vs_onnxruntime.py build/issue14/mobilenet_v2.onnx \\
-        build/mb.polyml --threads 1 --repeat 30
+        build/mb.polyml --threads 1 --repeat 30 [--by-block]
 """
 
 from __future__ import annotations
@@ -56,6 +56,8 @@ def main() -> None:
     p.add_argument("artifact", type=Path)
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--repeat", type=int, default=30)
+    p.add_argument("--by-block", action="store_true",
+                   help="also sum both sides per block (name prefix): models where one side fuses more nodes")
     args = p.parse_args()
     set_num_threads(args.threads)
     compiled = CompiledModel(args.artifact)
@@ -79,6 +81,39 @@ def main() -> None:
         paired[1] += ort_ms
         print(f"{ms:8.3f} {ort_ms:8.3f} {ms / ort_ms:6.2f}  {label}")
     print(f"paired: polyml {paired[0]:.3f} ms, onnxruntime {paired[1]:.3f} ms")
+    if args.by_block:
+        print_blocks(steps, ort_nodes)
+
+
+def print_blocks(steps: list[dict], ort_nodes: dict[str, tuple[str, float]]) -> None:
+    """Per block (name prefix), the sum of polyml's steps next to the sum of onnxruntime's
+    nodes: the fair pairing where one side fuses what the other runs as several nodes (polyml's
+    conv with its SiLU epilogue against onnxruntime's Conv and QuickGelu)."""
+    ours: dict[str, list] = {}
+    for s in steps:
+        entry = ours.setdefault(block(s.get("node") or ""), [0.0, []])
+        entry[0] += s["min_s"] * 1e3
+        entry[1].append(s["op_type"])
+    def owner(name: str) -> str:
+        """The deepest polyml block that is a path prefix of this node's name (onnxruntime's
+        fused nodes such as QuickGelu keep a longer name), else its own block."""
+        parts = name.split("/")
+        for end in range(len(parts), 0, -1):
+            if "/".join(parts[:end]) in ours:
+                return "/".join(parts[:end])
+        return block(name)
+
+    theirs: dict[str, list] = {}
+    for name, (op, ms) in ort_nodes.items():
+        entry = theirs.setdefault(owner(name), [0.0, []])
+        entry[0] += ms
+        entry[1].append(op)
+    print(f"\n{'polyml':>8} {'ort':>8} {'ratio':>6}  block: polyml steps | onnxruntime nodes")
+    for name in sorted(set(ours) | set(theirs), key=lambda n: -(ours.get(n, [0])[0])):
+        mine, other = ours.get(name, [0.0, []]), theirs.get(name, [0.0, []])
+        ratio = f"{mine[0] / other[0]:6.2f}" if mine[0] and other[0] else f"{'':>6}"
+        print(f"{mine[0]:8.3f} {other[0]:8.3f} {ratio}  {name or '(none)'}: {' '.join(mine[1])} | "
+              f"{' '.join(other[1])}")
 
 
 if __name__ == "__main__":
