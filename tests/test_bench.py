@@ -160,3 +160,27 @@ def test_profile_times_every_op_function(tmp_path, capsys) -> None:
     report = capsys.readouterr().out
     assert "per op type" in report and "MaxPool" in report
     assert len(json.loads((tmp_path / "b.json").read_text())["profile"]) == 2
+
+
+def test_steps_vs_onnxruntime_sums_fused_nodes_per_block(capsys) -> None:
+    """scripts/steps_vs_onnxruntime.py --by-block: onnxruntime's nodes that carry a longer name
+    than polyml's step (a QuickGelu fused from the SiLU polyml runs as the conv's epilogue) are
+    summed under the step whose name is their path prefix; nodes of no step keep their own block."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "scripts" / "steps_vs_onnxruntime.py"
+    spec = importlib.util.spec_from_file_location("steps_vs_onnxruntime", path)
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    steps = [{"node": "/f/f.0/block/block.0/block.0.0/Conv", "op_type": "Conv", "min_s": 3e-3},
+             {"node": "/f/f.1/block/block.1/block.1.0/Conv", "op_type": "Conv", "min_s": 1e-3}]
+    ort = {"/f/f.0/block/block.0/block.0.0/Conv": ("Conv", 1.0), "/f/f.0/block/block.0/block.0.2/Mul": ("QuickGelu", 1.0),
+           "/f/f.1/block/block.1/block.1.0/Conv": ("Conv", 2.0), "ReorderOutput_7": ("ReorderOutput", 0.5)}
+    script.print_blocks(steps, ort)
+    rows = {next(f for f in line.split() if f.endswith(":")).rstrip(":"): line.split()
+            for line in capsys.readouterr().out.splitlines()[2:]}
+    assert rows["/f/f.0/block/block.0"][:3] == ["3.000", "2.000", "1.50"]
+    assert rows["/f/f.0/block/block.0"][-2:] == ["Conv", "QuickGelu"]
+    assert rows["/f/f.1/block/block.1"][:3] == ["1.000", "2.000", "0.50"]
+    assert rows["(none)"][:2] == ["0.000", "0.500"]
