@@ -747,7 +747,8 @@ class Conv(Kernel):
         return [TensorType((n, m, *win.out), x.dtype)]
 
     def temps(self, node: Node, ins: list[Operand | None], outs: list[TensorType]) -> list[TensorType]:
-        return _plan(node, ins[0].type, ins[1].type, ins[1].value is not None).temps
+        plan = _plan(node, ins[0].type, ins[1].type, ins[1].value is not None)
+        return plan.temps + ([ins[0].type] if _scales_into_copy(node, plan) else [])
 
     def describe(self, node: Node, ins: list[Operand | None], outs: list[TensorType]) -> str:
         plan = _plan(node, ins[0].type, ins[1].type, ins[1].value is not None)
@@ -785,6 +786,9 @@ class Conv(Kernel):
         return {1} if self._prepacks(node, ins) else set()
 
     def lower(self, k: KernelBuilder) -> None:
+        plan = _plan(k.node, k.in_types[0], k.in_types[1], k.values[1] is not None)
+        if _scales_into_copy(k.node, plan):  # x·s into a copy the lowering reads as x
+            k.inputs[0] = _scaled_copy(k, k.inputs[0], k.inputs[k.node.attrs["input_scale"]], k.temps[-1])
         if not self._convolve(k):
             epilogue(k, k.outputs[0])  # fused chain as its own nest over y, if there is one
 
@@ -875,6 +879,22 @@ class Conv(Kernel):
             y.store(ix, out_temp.load([*ix[:-2], q]))
 
 
+def _scales_into_copy(node: Node, plan: _Plan) -> bool:
+    """Whether a Conv with a folded input scale (:mod:`polyml.passes.conv_scale`) scales x into
+    a copy first: every lowering but the packed GEMM reading x as B, which scales each element
+    as it packs it (:func:`_convolve_gemm`)."""
+    return "input_scale" in node.attrs and not (plan.mode == "gemm" and plan.win.pointwise and plan.planes is None)
+
+
+def _scaled_copy(k: KernelBuilder, x: Buffer, scale: Buffer, copy: Buffer) -> Buffer:
+    """``copy[n, c, ...] = x[n, c, ...] · scale[c]`` (scale broadcast as numpy does); returns
+    ``copy`` for the lowering to read as x."""
+    with nest(k, x.shape, names=["sn", "sc", *[f"s{d}" for d in range(x.rank - 2)]],
+              parallel=copy_parallel(x.shape)) as ix:
+        copy.store(ix, k.b.fmul(x.load(ix), scale.load(scale.broadcast_index(ix))))
+    return copy
+
+
 def _convolve_gemm(k: KernelBuilder, plan: _Plan, scratch: Buffer, planes: Buffer | None = None) -> bool:
     """``y[m][q] = Σ_p w[m][p] · im2col(x)[p][q]`` through the packed GEMM (1x1 unstrided
     convolutions read x itself as the B matrix; ``gemm_inplace`` reads the rows of im2col(x)
@@ -910,6 +930,9 @@ def _convolve_gemm(k: KernelBuilder, plan: _Plan, scratch: Buffer, planes: Buffe
     if bias is not None:
         bias_at = len(operands)
         operands.append(bias)
+    if "input_scale" in k.node.attrs and load_b is not None:  # B[c][p] = x[c][p] · s[c], scaled as packed
+        load_b = _scaled_loader(load_b, len(operands))
+        operands.append(view(k, k.inputs[k.node.attrs["input_scale"]], (x.type.shape[1],), "scale_flat"))
     chain = k.node.attrs.get("epilogue")
     extras: list[tuple[int, Buffer, TensorType]] = []  # operand index, buffer, flat (1, C, P) type
     fused = bool(chain)
@@ -967,6 +990,17 @@ def _convolve_gemm(k: KernelBuilder, plan: _Plan, scratch: Buffer, planes: Buffe
                [mg * n]]
     batched_product(k, spec, operands, y_flat, scratch, (groups,), strides)
     return fused
+
+
+def _scaled_loader(load: Callable, scale_at: int) -> Callable:
+    """``load`` (a B loader of the packed GEMM) times ``ops[scale_at][row]``; keeps the
+    loader's ``address`` (the packing's prefetches)."""
+
+    def scaled(b: ir.IRBuilder, ops, row: ir.Value, col: ir.Value) -> ir.Value:  # noqa: ANN001
+        return b.fmul(load(b, ops, row, col), b.load(b.gep(ops[scale_at], [row], inbounds=True)))
+
+    scaled.address = load.address  # type: ignore[attr-defined]
+    return scaled
 
 
 def _finisher(k: KernelBuilder, acc: Buffer) -> Callable[[list], None] | None:

@@ -18,6 +18,8 @@ What fuses (the groups are decided on the networkx graph, in topological order):
 * a Conv followed by such a chain (bias, activation, residual add) runs the chain as an
   *epilogue* on its output block, in the conv's function.
 
+* a run-time per-channel scale (a squeeze-excitation gate) whose only reader is a 1x1
+  convolution is applied by the convolution as it reads its input (:mod:`polyml.passes.conv_scale`);
 * an elementwise chain whose only reader is a MaxPool/AveragePool becomes the pool's
   *prologue*: the pool evaluates the chain on each window element it loads (in the padded copy
   when the pool pads, per tap otherwise).  Legality: the pool statement reads
@@ -49,6 +51,7 @@ from dataclasses import dataclass, field
 import numpy as np
 from polyml.kernels.elementwise import elementwise_ops
 from polyml.passes.attention import FuseAttention
+from polyml.passes.conv_scale import fold_conv_input_scales
 from polyml.passes.silu import fold_silu
 
 from polyml.graph import Graph, Node, TensorType
@@ -78,6 +81,8 @@ class FuseOperators:
     fold_into_conv: bool = True
     #: fuse each head's MatMul → chain → Softmax → MatMul (:mod:`polyml.passes.attention`)
     attention: bool = True
+    #: a run-time per-channel scale before a 1x1 Conv read by the Conv (:mod:`polyml.passes.conv_scale`)
+    conv_scales: bool = True
 
     def apply(self, graph: Graph) -> tuple[Graph, FusionReport]:
         g = copy.deepcopy(graph)
@@ -89,6 +94,8 @@ class FuseOperators:
         if self.attention:
             FuseAttention().apply(g, report)
         _fuse_chains(g, report)
+        if self.conv_scales:
+            report.groups.extend(fold_conv_input_scales(g))
         _fuse_pool_prologues(g, report)
         _report_edges(g, report)
         g.prune()

@@ -204,3 +204,81 @@ def test_acceptance_light_models(name: str, tmp_path) -> None:
     assert man[True]["loop_nests"] < man[False]["loop_nests"]
     assert man[True]["intermediate_bytes"] <= 0.7 * man[False]["intermediate_bytes"]
     assert any(g["kind"] == "concat-in-place" for g in man[True]["fusion"]["groups"])
+
+
+def _se_projection(c: int, size: int, m: int, *, swap: bool = False, residual: bool = False,
+                   scaled_out: bool = False, kernel: int = 1) -> onnx.ModelProto:
+    """A squeeze-excitation block and the projection after it (EfficientNet's MBConv tail):
+    GlobalAveragePool → 1x1 → SiLU → 1x1 → Sigmoid → Mul(x, gate) → Conv (+ bias, + x0)."""
+    rng = np.random.default_rng(c * 100 + size)
+    r = max(1, c // 4)
+    inits = [nh.from_array(rng.standard_normal((r, c, 1, 1)).astype(np.float32) * 0.3, "w1"),
+             nh.from_array(rng.standard_normal(r).astype(np.float32), "b1"),
+             nh.from_array(rng.standard_normal((c, r, 1, 1)).astype(np.float32) * 0.3, "w2"),
+             nh.from_array(rng.standard_normal(c).astype(np.float32), "b2"),
+             nh.from_array((rng.standard_normal((m, c, kernel, kernel)) / np.sqrt(c)).astype(np.float32), "wp"),
+             nh.from_array(rng.standard_normal(m).astype(np.float32), "bp")]
+    nodes = [h.make_node("GlobalAveragePool", ["x"], ["pool"]),
+             h.make_node("Conv", ["pool", "w1", "b1"], ["s1"]),
+             h.make_node("Sigmoid", ["s1"], ["sg1"]), h.make_node("Mul", ["s1", "sg1"], ["a1"]),
+             h.make_node("Conv", ["a1", "w2", "b2"], ["s2"]),
+             h.make_node("Sigmoid", ["s2"], ["gate"]),
+             h.make_node("Mul", ["gate", "x"] if swap else ["x", "gate"], ["scaled"], name="se_mul"),
+             h.make_node("Conv", ["scaled", "wp", "bp"], ["proj"], pads=[kernel // 2] * 4, name="projection")]
+    outputs = ["y"]
+    if residual:
+        nodes.append(h.make_node("Add", ["proj", "x0"], ["y"]))
+    else:
+        nodes[-1].output[0] = "y"
+    if scaled_out:
+        outputs.append("scaled")
+    inputs = [("x", [1, c, size, size])] + ([("x0", [1, m, size, size])] if residual else [])
+    return _model(nodes, inputs, outputs, inits)
+
+
+SE_CASES = [(96, 14, 24, {}), (144, 28, 40, {"swap": True}), (240, 14, 80, {"residual": True}), (16, 7, 8, {}),
+            (32, 9, 16, {"residual": True, "swap": True})]
+
+
+@pytest.mark.parametrize("c,size,m,kw", SE_CASES)
+@pytest.mark.parametrize("threads", [1, 2])
+def test_squeeze_excitation_scale_read_by_the_projection(c: int, size: int, m: int, kw: dict, threads: int,
+                                                           tmp_path) -> None:
+    """The SE gate's Mul before a 1x1 projection is folded into the projection (no Mul nest):
+    the packed GEMM scales x as it packs B, other lowerings scale a copy of x; both match
+    onnxruntime, with the projection's own bias and residual epilogue, either Mul operand order."""
+    model = _se_projection(c, size, m, **kw)
+    rng = np.random.default_rng(size)
+    feeds = {"x": rng.standard_normal((1, c, size, size)).astype(np.float32)}
+    if kw.get("residual"):
+        feeds["x0"] = rng.standard_normal((1, m, size, size)).astype(np.float32)
+    cs = _both(model, feeds, tmp_path, threads=threads)
+    rep = cs[True].manifest["fusion"]
+    assert [g["ops"] for g in rep["groups"] if g["kind"] == "conv-input-scale"] == [["se_mul", "projection"]]
+    assert cs[True].manifest["loop_nests"] < cs[False].manifest["loop_nests"]
+
+
+def test_squeeze_excitation_cases_cover_both_paths() -> None:
+    """SE_CASES reach both ways of applying the scale on this host: the packed GEMM scaling x
+    as it packs B, and another lowering of the projection reading a scaled copy."""
+    from polyml.kernels.conv import _plan, _scales_into_copy
+
+    from polyml.codegen.gemm import packed_gemm
+    from polyml.graph import Node, TensorType
+
+    paths = set()
+    with packed_gemm(True):  # as a default host build lowers
+        for c, size, m, _ in SE_CASES:
+            node = Node("proj", "Conv", ["x", "wp", "bp", "gate"], ["y"], {"input_scale": 3})
+            plan = _plan(node, TensorType((1, c, size, size)), TensorType((m, c, 1, 1)), True)
+            paths.add(_scales_into_copy(node, plan))
+    assert paths == {False, True}
+
+
+@pytest.mark.parametrize("kw", [{"scaled_out": True}, {"kernel": 3}])
+def test_squeeze_excitation_scale_stays_where_it_cannot_fold(kw: dict, tmp_path) -> None:
+    """Not folded where the scaled map is also a graph output or the consumer is not 1x1."""
+    model = _se_projection(32, 8, 16, **kw)
+    feeds = {"x": np.random.default_rng(3).standard_normal((1, 32, 8, 8)).astype(np.float32)}
+    cs = _both(model, feeds, tmp_path)
+    assert not any(g["kind"] == "conv-input-scale" for g in cs[True].manifest["fusion"]["groups"])

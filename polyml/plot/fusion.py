@@ -69,7 +69,8 @@ class Unit:
 
     key: str
     ops: list[str]  # "label (OpType)" lines
-    kind: str = "op"  # "op", "tensor", or the nest's kind (epilogue, elementwise, pool-prologue, attention)
+    #: "op", "tensor", or the nest's kind (epilogue, elementwise, pool-prologue, attention, conv-input-scale)
+    kind: str = "op"
 
     @property
     def is_nest(self) -> bool:
@@ -181,7 +182,8 @@ STYLE = {
     "in_place": {"color": "#1b9e77", "linestyle": "dashdot"},
     "refused": {"color": "#d62728", "linestyle": "dashed"},
 }
-NEST_FACE = {"epilogue": "#deebf7", "elementwise": "#e5f5e0", "pool-prologue": "#fee6ce", "attention": "#efedf5"}
+NEST_FACE = {"epilogue": "#deebf7", "elementwise": "#e5f5e0", "pool-prologue": "#fee6ce", "attention": "#efedf5",
+             "conv-input-scale": "#fde0ef"}
 ROWS_PER_COLUMN = 14
 
 
