@@ -88,6 +88,18 @@ def test_depthwise_fused_chains(chain, width) -> None:
     assert max(errs.values()) <= TOL, errs
 
 
+@pytest.mark.parametrize("size,kernel,stride", [(7, 5, 1), (14, 5, 1), (14, 3, 1), (28, 3, 2)])
+@pytest.mark.parametrize("threads", [1, 2])
+def test_depthwise_silu_after_the_crop(size, kernel, stride, threads) -> None:
+    """A chain of no inputs of its own (SiLU) on planes narrower than a vector runs over each
+    group's cropped output (``_chain_after_crop``); EfficientNet's 7x7 and 14x14 shapes (the
+    wider ones keep the chain per row), 72 planes."""
+    pad = kernel // 2
+    errs = compile_and_compare(_dw_model((1, 72, size, size), (kernel, kernel), {"pads": [pad] * 4, "strides": [stride] * 2},
+                                         chain="silu"), threads=threads, cache=False)
+    assert max(errs.values()) <= TOL, errs
+
+
 def test_depthwise_no_bias_one_thread() -> None:
     errs = compile_and_compare(_dw_model((1, 17, 9, 23), (3, 3), {"pads": [1, 1, 1, 1]}, bias=False), threads=1, cache=False)
     assert max(errs.values()) <= TOL, errs
