@@ -789,15 +789,14 @@ class Conv(Kernel):
         plan = _plan(k.node, k.in_types[0], k.in_types[1], k.values[1] is not None)
         if _scales_into_copy(k.node, plan):  # x·s into a copy the lowering reads as x
             k.inputs[0] = _scaled_copy(k, k.inputs[0], k.inputs[k.node.attrs["input_scale"]], k.temps[-1])
-        if not self._convolve(k):
+        if not self._convolve(k, plan):
             epilogue(k, k.outputs[0])  # fused chain as its own nest over y, if there is one
 
-    def _convolve(self, k: KernelBuilder) -> bool:
+    def _convolve(self, k: KernelBuilder, plan: _Plan) -> bool:
         """Emit the convolution; True if a fused epilogue was applied inside its blocks."""
         x, w = k.inputs[0], k.inputs[1]
         bias = k.inputs[2] if len(k.inputs) > 2 else None
         y = k.outputs[0]
-        plan = _plan(k.node, x.type, k.in_types[1], k.values[1] is not None)
         win, r = plan.win, plan.win.rank
         temps = iter(k.temps)
         src_temp = next(temps) if plan.src_temp is not None else None
