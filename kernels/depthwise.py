@@ -67,6 +67,10 @@ VECTOR_ROW_MAX_STRIDE = 2
 UNALIGNED_MAX_LANES = 8
 #: :func:`_chain_after_crop` (``POLYML_DW_CHAIN_AFTER_CROP=0`` for the chain per plane)
 CHAIN_AFTER_CROP = os.environ.get("POLYML_DW_CHAIN_AFTER_CROP", "1") != "0"
+#: the interleave count asked of LLVM for that loop (its own choice was 1: one logistic at a
+#: time, bound by the latency of its polynomial; fourteenth session, EfficientNet-B0's 7x7
+#: depthwise steps at 2 threads, two runs, 4 / 1: 0.93-0.97)
+CHAIN_INTERLEAVE = int(os.environ.get("POLYML_DW_CHAIN_INTERLEAVE", "4"))
 
 
 @dataclass(frozen=True)
@@ -208,7 +212,8 @@ def convolve_depthwise(k: KernelBuilder, plan: DepthwisePlan, scratch: Buffer) -
                 y = b.bitcast(k.outputs[0].ptr, f32p)
                 per = math.prod(win.out)
                 chain, acc_name = k.node.attrs["epilogue"], k.node.attrs["epilogue_acc"]
-                with packed.for_range(b, b.mul(g0, _c(per)), b.mul(g1, _c(per)), name="dw.chain") as f:
+                with packed.for_range(b, b.mul(g0, _c(per)), b.mul(g1, _c(per)), name="dw.chain",
+                                      hints=(("llvm.loop.interleave.count", CHAIN_INTERLEAVE),)) as f:
                     at = b.gep(y, [f], inbounds=True)
                     b.store(evaluate_chain(k, chain, {acc_name: b.load(at)}, {}, [_c(0)] * 4), at)
     return bool(k.node.attrs.get("epilogue"))
@@ -222,7 +227,8 @@ def _chain_after_crop(k: KernelBuilder, plan: DepthwisePlan) -> bool:
     no inputs of its own (SiLU; not a per-channel scale or a clip's bounds).  Fourteenth
     session, EfficientNet-B0 per step, three runs at 1 and 2 threads: 5x5 1152 @7x7 with SiLU
     0.87-0.89x, 3x3 1152 @7x7 0.89-0.90x.  Rows of 14 and 28 outputs (LLVM gives their element
-    loop a masked tail) measured 0.82x at 1 thread and 1.0-1.13x at 2 in the model: not taken."""
+    loop a masked tail) measured 0.82x at 1 thread, and at 2 in the model 0.95x in a fast spell
+    and 1.3-2.0x in a slow one (the same runs, interleaved 4): not taken."""
     if not CHAIN_AFTER_CROP or plan.rowwise or not k.node.attrs.get("epilogue"):
         return False
     return not any(buf is not None for buf in k.inputs[k.node.attrs["epilogue_start"]:])

@@ -189,7 +189,7 @@ def cache_inputs(
 #: environment variables that change the generated code (kernel-path switches for A/B
 #: measurements); POLYML_GEMM_BLOCKING is covered by ``gemm_blocking``
 CODEGEN_ENV = ("POLYML_IGEMM", "POLYML_IGEMM_INPLACE", "POLYML_IGEMM_ROWS", "POLYML_CONV_INPLACE", "POLYML_CONV_ROWS",
-               "POLYML_WINOGRAD", "POLYML_PACK_PREFETCH", "POLYML_C_PREFETCH", "POLYML_DW_CHAIN_AFTER_CROP", "POLYML_TARGET_CPU", "POLYML_TARGET_CACHES")
+               "POLYML_WINOGRAD", "POLYML_PACK_PREFETCH", "POLYML_C_PREFETCH", "POLYML_DW_CHAIN_AFTER_CROP", "POLYML_DW_CHAIN_INTERLEAVE", "POLYML_TARGET_CPU", "POLYML_TARGET_CACHES")
 
 
 def cache_key(inputs: dict) -> str:

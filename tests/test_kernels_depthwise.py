@@ -100,6 +100,32 @@ def test_depthwise_silu_after_the_crop(size, kernel, stride, threads) -> None:
     assert max(errs.values()) <= TOL, errs
 
 
+def test_depthwise_silu_after_the_crop_is_interleaved(tmp_path) -> None:
+    """The SiLU loop over a group's cropped 7x7 outputs carries an ``llvm.loop.interleave.count``
+    hint (a distinct self-referential loop ID) and LLVM keeps that many logistic divisions in
+    flight; the 14-wide rows keep the chain in their row loop (no such loop)."""
+    import re
+
+    from polyml.kernels.depthwise import CHAIN_INTERLEAVE
+
+    from polyml.compiler import compile as polyml_compile
+
+    def build(size: int) -> tuple[str, str]:
+        path = tmp_path / f"dw{size}.onnx"
+        onnx.save(_dw_model((1, 64, size, size), (5, 5), {"pads": [2] * 4}, chain="silu"), str(path))
+        out = tmp_path / f"b{size}"
+        polyml_compile(path, out, emit=["ll"], cache=False, threads=1)
+        ll = "".join(p.read_text() for p in out.glob("ops.off*.ll") if ".opt." not in p.name)
+        return ll, "".join(p.read_text() for p in out.glob("ops.off*.opt.ll"))
+
+    hint = rf'!\{{ ?!"llvm.loop.interleave.count", i32 {CHAIN_INTERLEAVE} ?\}}'
+    ll, opt = build(7)
+    assert re.search(hint, ll) and re.search(r'^(!\d+) = distinct !\{\1, ', ll, re.M)
+    assert len(re.findall(r"fdiv[^\n]*<\d+ x float>", opt)) >= CHAIN_INTERLEAVE
+    ll, _ = build(14)
+    assert not re.search(hint, ll)
+
+
 def test_depthwise_no_bias_one_thread() -> None:
     errs = compile_and_compare(_dw_model((1, 17, 9, 23), (3, 3), {"pads": [1, 1, 1, 1]}, bias=False), threads=1, cache=False)
     assert max(errs.values()) <= TOL, errs

@@ -430,12 +430,14 @@ def status_global(module: ir.Module) -> ir.GlobalVariable:
 LOOP_ID_MARK = "polyml.loop.id"
 
 
-def loop_hint(b: ir.IRBuilder, back_edge: ir.Instruction, *hints: str) -> None:
-    """Attach ``!llvm.loop`` hints (``llvm.loop.unroll.disable``, ...) to a loop's back edge."""
+def loop_hint(b: ir.IRBuilder, back_edge: ir.Instruction, *hints: str | tuple[str, int]) -> None:
+    """Attach ``!llvm.loop`` hints (``llvm.loop.unroll.disable``, ``("llvm.loop.interleave.count",
+    4)``, ...) to a loop's back edge."""
     m = b.module
     count = getattr(m, "_polyml_loop_ids", 0)
     m._polyml_loop_ids = count + 1
-    nodes = [m.add_metadata([ir.MetaDataString(m, h)]) for h in hints]
+    nodes = [m.add_metadata([ir.MetaDataString(m, h[0]), ir.Constant(ir.IntType(32), h[1])]) if isinstance(h, tuple)
+             else m.add_metadata([ir.MetaDataString(m, h)]) for h in hints]
     back_edge.set_metadata("llvm.loop", m.add_metadata([ir.MetaDataString(m, LOOP_ID_MARK),
                                                         ir.MetaDataString(m, str(count)), *nodes]))
 
