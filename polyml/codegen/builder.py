@@ -452,7 +452,7 @@ def module_text(m: ir.Module) -> str:
 @contextmanager
 def counted_loop(b: ir.IRBuilder, lo: ir.Value, hi: ir.Value, tag: str, name: str, step: int = 1,
                  branch_if: Callable[[ir.Value, ir.Block, ir.Block], object] | None = None,
-                 hints: Sequence[str] = ()) -> Iterator[ir.Value]:
+                 hints: Sequence[str | tuple[str, int]] = ()) -> Iterator[ir.Value]:
     """``for (iv = lo; iv < hi; iv += step)`` on ``b``: blocks ``<tag>.header/.body/.exit``, the
     i64 induction phi ``name`` tested with ``slt`` in the header (the canonical form Polly and
     SCEV read); yields ``iv``.  ``branch_if`` replaces ``b.cbranch`` for that test (the GPU

@@ -301,7 +301,7 @@ def _min(b: ir.IRBuilder, x: ir.Value, y: ir.Value) -> ir.Value:
 
 @contextmanager
 def for_range(b: ir.IRBuilder, lo: ir.Value | int, hi: ir.Value | int, step: int = 1, name: str = "i",
-              hints: Sequence[str] = ()) -> Iterator[ir.Value]:
+              hints: Sequence[str | tuple[str, int]] = ()) -> Iterator[ir.Value]:
     """``for (iv = lo; iv < hi; iv += step)`` on a raw builder (:func:`counted_loop`); yields ``iv``."""
     with counted_loop(b, _c(lo) if isinstance(lo, int) else lo, _c(hi) if isinstance(hi, int) else hi, name, name,
                       step, hints=hints) as iv:
