@@ -209,14 +209,21 @@ def convolve_depthwise(k: KernelBuilder, plan: DepthwisePlan, scratch: Buffer) -
             with packed.for_range(b, g0, g1, name="dw.plane") as pn:
                 _plane(k, plan, pn, b.gep(base, [b.mul(b.sub(pn, g0), _c(plan.per_plane))], inbounds=True), fma, vec)
             if _chain_after_crop(k, plan):  # the group's planes are contiguous in y: one loop
-                y = b.bitcast(k.outputs[0].ptr, f32p)
                 per = math.prod(win.out)
-                chain, acc_name = k.node.attrs["epilogue"], k.node.attrs["epilogue_acc"]
-                with packed.for_range(b, b.mul(g0, _c(per)), b.mul(g1, _c(per)), name="dw.chain",
-                                      hints=(("llvm.loop.interleave.count", CHAIN_INTERLEAVE),)) as f:
-                    at = b.gep(y, [f], inbounds=True)
-                    b.store(evaluate_chain(k, chain, {acc_name: b.load(at)}, {}, [_c(0)] * 4), at)
+                _chain_in_place(k, b.bitcast(k.outputs[0].ptr, f32p), b.mul(g0, _c(per)), b.mul(g1, _c(per)), {},
+                                [_c(0)] * 4, "dw.chain", (("llvm.loop.interleave.count", CHAIN_INTERLEAVE),))
     return bool(k.node.attrs.get("epilogue"))
+
+
+def _chain_in_place(k: KernelBuilder, base: ir.Value, lo: ir.Value | int, hi: ir.Value | int, extras: dict,
+                    index: list[ir.Value], name: str, hints: tuple = ()) -> None:
+    """``base[f] = chain(base[f])`` for ``lo ≤ f < hi``: the node's fused chain over a run of
+    floats, its extra inputs read at ``index`` (per-channel ones: the same for the whole run)."""
+    b = k.b
+    chain, acc_name = k.node.attrs["epilogue"], k.node.attrs["epilogue_acc"]
+    with packed.for_range(b, lo, hi, name=name, hints=hints) as f:
+        at = b.gep(base, [f], inbounds=True)
+        b.store(evaluate_chain(k, chain, {acc_name: b.load(at)}, extras, index), at)
 
 
 def _chain_after_crop(k: KernelBuilder, plan: DepthwisePlan) -> bool:
@@ -271,9 +278,7 @@ def _plane(k: KernelBuilder, plan: DepthwisePlan, pn: ir.Value, work: ir.Value, 
         s = _step(b, work, f, taps, weights, start, fma, vec)
         b.store(s, b.bitcast(b.gep(acc, [f], inbounds=True), vec.as_pointer()), align=4 * lanes)
     if flat_chain:
-        with packed.for_range(b, 0, flat, name="dw.epi") as f:
-            at = b.gep(acc, [f], inbounds=True)
-            b.store(evaluate_chain(k, chain, {k.node.attrs["epilogue_acc"]: b.load(at)}, extras, [n, c, _c(0), _c(0)]), at)
+        _chain_in_place(k, acc, 0, flat, extras, [n, c, _c(0), _c(0)], "dw.epi")
     y_plane = b.gep(b.bitcast(y.ptr, f32p), [b.mul(pn, _c(oh_n * ow_n))], inbounds=True)
     with packed.for_range(b, 0, oh_n, name="dw.oh") as oh:
         with packed.for_range(b, 0, ow_n, name="dw.ow") as ow:

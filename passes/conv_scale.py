@@ -22,7 +22,8 @@ from __future__ import annotations
 from polyml.graph import Graph, Node
 
 
-def _per_channel(shape: tuple[int, ...], rank: int, channels: int) -> bool:
+def _is_channel_gate(shape: tuple[int, ...], rank: int, channels: int) -> bool:
+    """Whether a tensor of ``shape`` holds one value per channel of an ``N=1, C, ...`` tensor of ``rank`` dims."""
     full = (1,) * (rank - len(shape)) + tuple(shape)
     return len(full) == rank and full[0] == 1 and full[1] == channels and all(d == 1 for d in full[2:])
 
@@ -58,7 +59,7 @@ def fold_conv_input_scales(g: Graph) -> list[dict]:
             x, s = g.types.get(x_name), g.types.get(s_name)
             if x is None or s is None or x != out or s.dtype != "float32" or s_name in g.constants:
                 continue
-            if not _per_channel(s.shape, len(out.shape), out.shape[1]) or not _pointwise_conv(g, conv, x_name):
+            if not _is_channel_gate(s.shape, len(out.shape), out.shape[1]) or not _pointwise_conv(g, conv, x_name):
                 continue
             base = list(conv.inputs) + [""] * (3 - len(conv.inputs))
             start = int(conv.attrs.get("epilogue_start", len(base)))
