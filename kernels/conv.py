@@ -596,14 +596,18 @@ class PointwiseRule:
     strided: bool
 
 
-#: AVX-512: two register tiles of rows (24 channels) on maps of more than 196 positions: on
-#: smaller ones (14x14, 13x13, 7x7) the direct nests win, the GEMM's 32-column panels pad 196
-#: positions to 224, 169 to 192, 49 to 64 (seventh session, single layers with ReLU6, minimum
-#: of 15 blocks, 2 threads: 2048->512 @7 0.71-0.80 -> 0.63 ms, 320->1280 @7 0.28 -> 0.25,
-#: 1024->256 @14 0.60-0.63 -> 0.53, 96->576 @14 0.14-0.18 -> 0.13, 48->192 @13 0.043 -> 0.031;
-#: 1 thread 960->160 @7 0.21 -> 0.17; at 28x28 and 56x56 they tie within 10 % either way);
-#: strided ones direct (ninth session: 1x1/2 1024->2048 @14 2.63 -> 2.22 ms against the GEMM
-#: on stride-phase planes, 1 thread).  AVX2 (no AVX-512): the direct nests' register block is
+#: AVX-512: two register tiles of rows (24 channels) on maps of a register tile of columns
+#: (32 positions) or more.  The seventh session kept maps of up to 196 positions (14x14, 13x13,
+#: 7x7) on the direct nests, whose GEMM then padded 196 positions to 224 and 49 to 64 (single
+#: layers, 2 threads: 1024->256 @14 0.60-0.63 -> 0.53 ms, 320->1280 @7 0.28 -> 0.25); since the
+#: GEMM's narrow and short edge kernels (twelfth session) it beats them inside the models
+#: (fifteenth session, Sapphire Rapids class host, whole models alternated in one process,
+#: GEMM / direct: ResNet-50 0.96-0.97 at 1 thread (its 256->1024 @14 steps 0.76-0.87,
+#: 512->2048 @7 0.74-0.99), 0.97 at 2; MobileNetV2 0.92-0.95 at 1 and 2 threads; SqueezeNet
+#: 0.97-0.99 at 1 (its 13x13 steps 0.79-0.91); EfficientNet-B0 0.98-0.99; Inception-v2 and
+#: DenseNet-121 1.00).  1x1 maps (squeeze-excitation) stay direct, as on AVX2.  Strided ones
+#: direct (ninth session: 1x1/2 1024->2048 @14 2.63 -> 2.22 ms against the GEMM on
+#: stride-phase planes, 1 thread).  AVX2 (no AVX-512): the direct nests' register block is
 #: 4 channels x 16 columns against the GEMM's 6x16 tile, and the GEMM wins everywhere from 16
 #: channels (tenth session, single layers with ReLU/ReLU6, 1 thread CPU time, minimum of 30,
 #: GEMM / direct: 1024->256 @14 0.29, 2048->512 @7 0.37, 512->2048 @7 0.34, 64->384 @14 0.44,
@@ -613,8 +617,8 @@ class PointwiseRule:
 #: (16) or more: below, the GEMM pads the columns to 16 (eleventh session, squeeze-excitation
 #: products on 1x1 maps, 1 thread CPU time, minimum of 60, direct / GEMM: 1152->48 0.60, 48->1152
 #: 0.46).  Hosts without AVX: AVX-512's rule (not measured)
-POINTWISE_GEMM = {"avx512": PointwiseRule(24, 197, False), "avx": PointwiseRule(16, 16, True),
-                  "other": PointwiseRule(24, 197, False)}
+POINTWISE_GEMM = {"avx512": PointwiseRule(24, 32, False), "avx": PointwiseRule(16, 16, True),
+                  "other": PointwiseRule(24, 32, False)}
 
 
 def prefer_gemm(win: Window, m: int, kk: int) -> bool:

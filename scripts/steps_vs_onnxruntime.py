@@ -7,7 +7,9 @@ its blocked layout (NCHWc) and the output back, which inside a model it does onc
 model each of its nodes runs on the layout the previous one left, so this is the comparison that
 says which of polyml's steps lose.  Nodes are paired by their name's block prefix (the name
 without its last two path components: ``/features/features.2/conv/conv.0``), which fits
-torch-exported models; unpaired steps are listed too::
+torch-exported models; in models whose node names are not paths (the ONNX zoo's ``n12``) each
+onnxruntime node goes to the polyml step at or before it in graph order (onnxruntime names a
+fused NCHWc node after its output tensor, ``r2_nchwc``); unpaired steps are listed too::
 
     .venv/bin/python scripts/steps_vs_onnxruntime.py build/issue14/mobilenet_v2.onnx \\
         build/mb.polyml --threads 1 --repeat 30 [--by-block]
@@ -28,6 +30,27 @@ from polyml.runtime.model import CompiledModel, set_num_threads
 def block(name: str) -> str:
     """The node name without its last two path components (the op and its module)."""
     return "/".join(name.split("/")[:-2])
+
+
+def graph_order_blocks(model: Path, step_nodes: list[str], ort_names: list[str]) -> dict[str, str]:
+    """``{onnxruntime node: polyml step node}`` by graph order: the step whose node is the last
+    at or before the onnxruntime node's own (found by node name, or by the tensor its name
+    carries before ``_nchwc``).  Its layout reorders stay unpaired."""
+    import onnx
+
+    graph = onnx.load(str(model), load_external_data=False).graph
+    index = {n.name: i for i, n in enumerate(graph.node)}
+    index.update({out: i for i, n in enumerate(graph.node) for out in n.output})
+    starts = sorted((index[n], n) for n in step_nodes if n in index)
+    owners = {}
+    for name in ort_names:
+        at = index.get(name, index.get(name.removesuffix("_nchwc")))
+        if at is None:
+            continue
+        owned = [node for i, node in starts if i <= at]
+        if owned:
+            owners[name] = owned[-1]
+    return owners
 
 
 def onnxruntime_nodes(model: Path, threads: int, feeds: dict, repeat: int) -> dict[str, tuple[str, float]]:
@@ -63,8 +86,20 @@ def main() -> None:
     compiled = CompiledModel(args.artifact)
     feeds = random_feeds(compiled)
     ort_nodes = onnxruntime_nodes(args.model, args.threads, feeds, args.repeat)
-    by_block = {block(name): ms for name, (_, ms) in ort_nodes.items()}
     steps = compiled.profile(feeds, repeat=args.repeat)
+    key = block
+    if any("/" in name for name in ort_nodes):
+        by_block = {block(name): ms for name, (_, ms) in ort_nodes.items()}
+    else:  # zoo-style names: pair by graph order, summing the nodes each step covers
+        owners = graph_order_blocks(args.model, [s.get("node") or "" for s in steps], list(ort_nodes))
+        by_block = collections.defaultdict(float)
+        for name, (_, ms) in ort_nodes.items():
+            if name in owners:
+                by_block[owners[name]] += ms
+        key = str
+        unpaired = {name: ms for name, (_, ms) in ort_nodes.items() if name not in owners}
+        print(f"onnxruntime nodes left unpaired: {sum(unpaired.values()):.3f} ms "
+              f"({', '.join(f'{n} {ms:.3f}' for n, ms in unpaired.items())})")
     print(f"polyml steps {sum(s['min_s'] for s in steps) * 1e3:.3f} ms ({len(steps)}), "
           f"onnxruntime nodes {sum(ms for _, ms in ort_nodes.values()):.3f} ms ({len(ort_nodes)}); "
           f"{args.threads} thread(s), minimum of {args.repeat}")
@@ -72,7 +107,7 @@ def main() -> None:
     paired = [0.0, 0.0]
     for s in steps:
         ms = s["min_s"] * 1e3
-        ort_ms = by_block.get(block(s.get("node") or ""))
+        ort_ms = by_block.get(key(s.get("node") or ""))
         label = f"{s['op_type']} {s.get('detail', '')}".strip()
         if ort_ms is None:
             print(f"{ms:8.3f} {'-':>8} {'':>6}  {label}")

@@ -336,8 +336,8 @@ def test_conv_choice_by_shape(monkeypatch) -> None:
     # constant weights on 7-14-wide maps: output rows as register tiles (AVX-512 hosts)
     rows = "rows" if packed.blocking_for_host().nr == 32 else "pointwise"
     assert _choice((1, 2048, 7, 7), (512, 2048, 1, 1), {}, constant=True) == rows
-    assert _choice((1, 512, 7, 7), (2048, 512, 1, 1), {}, constant=True) == "pointwise"  # 1x1 with K < 2M
-    assert _choice((1, 384, 13, 13), (48, 384, 1, 1), {}, constant=True) == "pointwise"  # 1x1, 48 channels
+    assert _choice((1, 512, 7, 7), (2048, 512, 1, 1), {}, constant=True) == "gemm"  # 1x1 with K < 2M
+    assert _choice((1, 384, 13, 13), (48, 384, 1, 1), {}, constant=True) == "gemm"  # 1x1, 48 channels
     assert _choice((1, 512, 7, 7), (16, 512, 1, 1), {}, constant=True) == "pointwise"  # 16 channels
     assert _choice((1, 512, 7, 7), (512, 512, 3, 3), {"pads": [1, 1, 1, 1]}, constant=True) == rows.replace("pointwise",
                                                                                                      "gemm_inplace")
@@ -352,9 +352,9 @@ def test_conv_choice_by_shape(monkeypatch) -> None:
 @pytest.mark.parametrize("isa", ["avx512", "avx"])
 def test_pointwise_choice_by_isa(isa, monkeypatch) -> None:
     """1x1 convolutions without padding (``POINTWISE_GEMM``): AVX-512 keeps the direct nests
-    below 24 output channels, on maps of up to 196 positions and for strided ones; AVX2 takes
-    the GEMM from 16 channels on maps of 16 positions or more, strided ones with their columns
-    packed.  Other GEMM convolutions read their im2col rows in place on AVX-512 and pack them
+    below 24 output channels, on maps of fewer than 32 positions and for strided ones; AVX2
+    takes the GEMM from 16 channels on maps of 16 positions or more, strided ones with their
+    columns packed.  Other GEMM convolutions read their im2col rows in place on AVX-512 and pack them
     on AVX2 but stems (``PACKED_IM2COL_ISAS``), which on AVX2 take the GEMM whatever their
     kernel size (tenth session's measurements)."""
     from polyml.kernels import conv
@@ -367,11 +367,13 @@ def test_pointwise_choice_by_isa(isa, monkeypatch) -> None:
     assert _choice((1, 32, 56, 56), (16, 32, 1, 1), {}) == gemm
     assert _choice((1, 32, 56, 56), (12, 32, 1, 1), {}) == "pointwise"  # under 16 channels: direct on both
     assert _choice((1, 1152, 1, 1), (48, 1152, 1, 1), {}) == "pointwise"  # squeeze-excitation: 1 position
-    assert _choice((1, 1024, 14, 14), (256, 1024, 1, 1), {}) == gemm  # 196 positions
-    assert _choice((1, 272, 14, 14), (272, 68, 1, 1), {"group": 4}) == gemm  # per group: 68 channels
+    assert _choice((1, 1152, 5, 5), (48, 1152, 1, 1), {}) == ("pointwise" if isa == "avx512" else "gemm")  # 25
+    assert _choice((1, 1024, 14, 14), (256, 1024, 1, 1), {}) == "gemm"  # 196 positions
+    assert _choice((1, 512, 7, 7), (160, 512, 1, 1), {}) == "gemm"  # 49 positions
+    assert _choice((1, 272, 14, 14), (272, 68, 1, 1), {"group": 4}) == "gemm"  # per group: 68 channels
     assert _choice((1, 272, 28, 28), (272, 68, 1, 1), {"group": 4}) == "gemm"
     assert _choice((1, 48, 28, 28), (48, 12, 1, 1), {"group": 4}) == "pointwise"  # 12 channels a group
-    assert _choice((1, 512, 7, 7), (2048, 512, 1, 1), {}, constant=True) == gemm  # K < 2M: not the rows tile
+    assert _choice((1, 512, 7, 7), (2048, 512, 1, 1), {}, constant=True) == "gemm"  # K < 2M: not the rows tile
     assert _choice((1, 1024, 14, 14), (2048, 1024, 1, 1), {"strides": [2, 2]}) == gemm
     assert _choice((1, 64, 15, 15), (12, 64, 1, 1), {"strides": [2, 2]}) == "pointwise"
     # padded 1x1 (a window reading outside x): neither rule; the GEMM reads phase planes
