@@ -273,9 +273,14 @@ def conv_window(node: Node, x: TensorType, w: TensorType) -> Window:
 #: minimum of 15, packed / in place: Inception-v1 5x5/1 32->96 @27 0.42, 24->64 @13 0.43, 3x3/1
 #: 96->208 @13 0.79, 160->320 @6 0.99; ResNet-50 3x3/2 128->128 @56 0.74, 512->512 @14 0.90,
 #: 3x3/1 512->512 @7 0.92-0.95; SqueezeNet 3x3/1 64->256 @13 0.83; but SqueezeNet's 3x3/2
-#: 3->64 stem in place 1.12x faster than direct).  AVX-512 hosts read in place everywhere
-#: (seventh session, docs/PERFORMANCE.md "The GEMM reads im2col rows in place").
-PACKED_IM2COL_ISAS = ("avx",)
+#: 3->64 stem in place 1.12x faster than direct).  AVX-512 hosts read in place everywhere from
+#: the seventh session (docs/PERFORMANCE.md "The GEMM reads im2col rows in place") until the
+#: fifteenth, where since the packing's row-unrolled A and prefetched B (ninth, twelfth) packing
+#: won on every such layer (Sapphire Rapids class host, per step of whole models, minimum of 12,
+#: packed / in place, 1 thread: ResNet-50 3x3/2 128->128 @56 0.69, Inception-v1 3x3/1 192->384
+#: @6 0.75, 160->320 @6 0.86, 5x5/1 32->96 @27 0.94, ZFNet 5x5/2 96->256 @54 0.95; 2 threads
+#: 0.69, 0.89, 0.91, 0.91, 0.87)
+PACKED_IM2COL_ISAS = ("avx", "avx512")
 
 
 def reads_in_place(win: Window, kk: int) -> bool:
@@ -572,8 +577,12 @@ STEM_MAX_CHANNELS = 4
 #: 0.53-0.60 -> 0.33-0.45; a 7x7/2 stem stays direct: 1.21 -> 1.41-1.49).  Per ISA, None: any
 #: stem; on AVX2 the direct nests' 4x16 block loses on the large ones too (tenth session, single
 #: layers with ReLU, 1 thread CPU time, minimum of 20, in place / direct: 7x7/2 3->64 @224
-#: (ResNet-50) 0.72, 7x7/2 3->96 (ZFNet) 0.71, 11x11/4 3->96 (AlexNet) 0.77)
-STEM_GEMM_MAX_TAPS: dict[str, int | None] = {"avx512": 9, "avx": None, "other": 9}
+#: (ResNet-50) 0.72, 7x7/2 3->96 (ZFNet) 0.71, 11x11/4 3->96 (AlexNet) 0.77), and since the
+#: in-place tiles stored straight into C and the aligned stem planes (twelfth session) on
+#: AVX-512 too (fifteenth session, per step of whole models, minimum of 12, in place / direct,
+#: 1 thread: 7x7/2 3->64 0.93-0.95 (ResNet-50, Inception-v1, DenseNet-121), 7x7/2 3->96 0.79,
+#: 11x11/4 3->96 0.65; 2 threads 0.88-1.03, 0.70, 0.63)
+STEM_GEMM_MAX_TAPS: dict[str, int | None] = {"avx512": None, "avx": None, "other": 9}
 #: ... and so do unstrided convolutions of at most this many input channels (K = 16·9 for a
 #: 3x3): the direct nests read x where it lies while the GEMM gathers each element into its
 #: panel for only 16·9 multiply-adds per column (seventh session, single layers with ReLU6,

@@ -203,8 +203,8 @@ def _choice(xs: tuple[int, ...], ws: tuple[int, ...], attrs: dict, conv: str = "
 @pytest.mark.parametrize("in_place", [True, False], ids=["inplace", "packed"])
 def test_conv_as_packed_gemm(xs, ws, attrs, threads, in_place, monkeypatch) -> None:
     """Eligible shapes take the gemm mode (``conv="gemm"``): B read in place from the
-    stride-phase planes (``gemm_inplace``, ``POLYML_CONV_INPLACE=1``; AVX-512's default) or
-    im2col packed (``POLYML_CONV_INPLACE=0``; AVX2's default); unstrided 1x1 convolutions
+    stride-phase planes (``gemm_inplace``, ``POLYML_CONV_INPLACE=1``; stems' default) or
+    im2col packed (``POLYML_CONV_INPLACE=0``; the default for the rest); unstrided 1x1 convolutions
     read x itself either way, strided ones without padding are packed either way.  Both match
     onnxruntime with bias, 1 and 2 threads."""
     monkeypatch.setenv("POLYML_CONV_INPLACE", "1" if in_place else "0")
@@ -325,13 +325,13 @@ def test_conv_choice_by_shape(monkeypatch) -> None:
     assert _choice((1, 256, 28, 28), (128, 256, 1, 1), {}) == "gemm"
     assert _choice((1, 64, 56, 56), (256, 64, 1, 1), {}) == "gemm"
     assert _choice((1, 144, 56, 56), (24, 144, 1, 1), {}) == "gemm"
-    assert _choice((1, 64, 56, 56), (64, 64, 3, 3), {"pads": [1, 1, 1, 1]}) == "gemm_inplace"
+    assert _choice((1, 64, 56, 56), (64, 64, 3, 3), {"pads": [1, 1, 1, 1]}) == "gemm"
     assert _choice((1, 16, 56, 56), (16, 16, 3, 3), {"pads": [1, 1, 1, 1]}) == "direct"
     assert _choice((1, 16, 55, 55), (64, 16, 3, 3), {"pads": [1, 1, 1, 1]}) == "flat"  # 16 input channels
-    assert _choice((1, 16, 56, 56), (64, 16, 3, 3), {"strides": [2, 2]}) == "gemm_inplace"  # ... strided
+    assert _choice((1, 16, 56, 56), (64, 16, 3, 3), {"strides": [2, 2]}) == "gemm"  # ... strided
     assert _choice((1, 3, 224, 224), (64, 3, 3, 3), {"strides": [2, 2]}) == "gemm_inplace"  # a 3x3 stem
-    assert _choice((1, 3, 224, 224), (64, 3, 7, 7), {"strides": [2, 2], "pads": [3, 3, 3, 3]}) == "phase"  # 7x7: direct
-    assert _choice((1, 8, 224, 224), (64, 8, 3, 3), {"strides": [2, 2]}) == "gemm_inplace"
+    assert _choice((1, 3, 224, 224), (64, 3, 7, 7), {"strides": [2, 2], "pads": [3, 3, 3, 3]}) == "gemm_inplace"
+    assert _choice((1, 8, 224, 224), (64, 8, 3, 3), {"strides": [2, 2]}) == "gemm"  # 8 channels: not a stem
     assert _choice((1, 1024, 14, 14), (2048, 1024, 1, 1), {"strides": [2, 2]}, conv="gemm") == "gemm"  # packed
     # constant weights on 7-14-wide maps: output rows as register tiles (AVX-512 hosts)
     rows = "rows" if packed.blocking_for_host().nr == 32 else "pointwise"
@@ -340,7 +340,7 @@ def test_conv_choice_by_shape(monkeypatch) -> None:
     assert _choice((1, 384, 13, 13), (48, 384, 1, 1), {}, constant=True) == "gemm"  # 1x1, 48 channels
     assert _choice((1, 512, 7, 7), (16, 512, 1, 1), {}, constant=True) == "pointwise"  # 16 channels
     assert _choice((1, 512, 7, 7), (512, 512, 3, 3), {"pads": [1, 1, 1, 1]}, constant=True) == rows.replace("pointwise",
-                                                                                                     "gemm_inplace")
+                                                                                                     "gemm")
     assert _choice((1, 2048, 7, 7), (512, 2048, 1, 1), {}, conv="gemm", constant=True) == "gemm"
     assert _choice((1, 64, 56, 56), (64, 64, 3, 3), {"pads": [1, 1, 1, 1]}, conv="direct") == "direct"
     assert _choice((1, 256, 28, 28), (128, 256, 1, 1), {}, conv="direct") == "pointwise"
@@ -354,15 +354,14 @@ def test_pointwise_choice_by_isa(isa, monkeypatch) -> None:
     """1x1 convolutions without padding (``POINTWISE_GEMM``): AVX-512 keeps the direct nests
     below 24 output channels, on maps of fewer than 32 positions and for strided ones; AVX2
     takes the GEMM from 16 channels on maps of 16 positions or more, strided ones with their
-    columns packed.  Other GEMM convolutions read their im2col rows in place on AVX-512 and pack them
-    on AVX2 but stems (``PACKED_IM2COL_ISAS``), which on AVX2 take the GEMM whatever their
-    kernel size (tenth session's measurements)."""
+    columns packed.  Other GEMM convolutions pack their im2col rows but stems, which read them
+    in place whatever their kernel size (``PACKED_IM2COL_ISAS``, ``STEM_GEMM_MAX_TAPS``: tenth
+    session's measurements on AVX2, fifteenth on AVX-512)."""
     from polyml.kernels import conv
 
     monkeypatch.setattr(conv, "_isa", lambda: isa)
     monkeypatch.delenv("POLYML_CONV_INPLACE", raising=False)
     gemm = "pointwise" if isa == "avx512" else "gemm"
-    in_place = "gemm_inplace" if isa == "avx512" else "gemm"
     assert _choice((1, 64, 56, 56), (24, 64, 1, 1), {}) == "gemm"
     assert _choice((1, 32, 56, 56), (16, 32, 1, 1), {}) == gemm
     assert _choice((1, 32, 56, 56), (12, 32, 1, 1), {}) == "pointwise"  # under 16 channels: direct on both
@@ -376,16 +375,15 @@ def test_pointwise_choice_by_isa(isa, monkeypatch) -> None:
     assert _choice((1, 512, 7, 7), (2048, 512, 1, 1), {}, constant=True) == "gemm"  # K < 2M: not the rows tile
     assert _choice((1, 1024, 14, 14), (2048, 1024, 1, 1), {"strides": [2, 2]}) == gemm
     assert _choice((1, 64, 15, 15), (12, 64, 1, 1), {"strides": [2, 2]}) == "pointwise"
-    # padded 1x1 (a window reading outside x): neither rule; the GEMM reads phase planes
-    # (AVX-512) or packs (AVX2: PACKED_IM2COL_ISAS) as for any other window but stems
-    assert _choice((1, 64, 14, 14), (64, 64, 1, 1), {"pads": [1, 1, 1, 1]}) == in_place
-    assert _choice((1, 64, 28, 28), (64, 64, 5, 5), {"pads": [2, 2, 2, 2]}) == in_place
-    assert _choice((1, 64, 28, 28), (128, 64, 3, 3), {"strides": [2, 2], "pads": [1, 1, 1, 1]}) == in_place
+    # padded 1x1 (a window reading outside x): neither rule; the GEMM packs (PACKED_IM2COL_ISAS)
+    # as for any other window but stems
+    assert _choice((1, 64, 14, 14), (64, 64, 1, 1), {"pads": [1, 1, 1, 1]}) == "gemm"
+    assert _choice((1, 64, 28, 28), (64, 64, 5, 5), {"pads": [2, 2, 2, 2]}) == "gemm"
+    assert _choice((1, 64, 28, 28), (128, 64, 3, 3), {"strides": [2, 2], "pads": [1, 1, 1, 1]}) == "gemm"
     assert _choice((1, 3, 224, 224), (64, 3, 3, 3), {"strides": [2, 2]}) == "gemm_inplace"  # a 3x3 stem
-    # larger stems (STEM_GEMM_MAX_TAPS): direct on AVX-512, the in-place GEMM on AVX2
-    stem = "phase" if isa == "avx512" else "gemm_inplace"
-    assert _choice((1, 3, 224, 224), (64, 3, 7, 7), {"strides": [2, 2], "pads": [3, 3, 3, 3]}) == stem
-    assert _choice((1, 3, 224, 224), (96, 3, 11, 11), {"strides": [4, 4]}) == stem
+    # larger stems (STEM_GEMM_MAX_TAPS): the in-place GEMM on both
+    assert _choice((1, 3, 224, 224), (64, 3, 7, 7), {"strides": [2, 2], "pads": [3, 3, 3, 3]}) == "gemm_inplace"
+    assert _choice((1, 3, 224, 224), (96, 3, 11, 11), {"strides": [4, 4]}) == "gemm_inplace"
 
 
 def _conv_bn_residual_relu(c: int, m: int, h: int, seed: int, group: int = 1) -> tuple[onnx.ModelProto,
