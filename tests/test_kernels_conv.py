@@ -269,7 +269,8 @@ def test_conv_in_place_gemm_weights_as_inputs(case) -> None:
 # -- output rows as register tiles (kernels/conv.py rows mode, polyml/codegen/gemm_rows.py) ----
 
 ROWS_CASES = [
-    ((1, 128, 7, 7), (64, 128, 1, 1), {}),  # x read in place
+    ((1, 128, 7, 7), (64, 128, 1, 1), {}),  # x read in place; 7 rows: 3 stacked pairs and one row
+    ((1, 64, 8, 7), (32, 64, 1, 1), {}),  # 8 rows of 7: four stacked pairs
     ((1, 48, 13, 13), (40, 48, 3, 3), {"pads": [1, 1, 1, 1]}),  # 40 channels: a partial panel
     ((1, 24, 14, 14), (32, 24, 3, 3), {"strides": [2, 2], "pads": [1, 1, 1, 1]}),  # 7 wide, 4 phases
     ((1, 16, 12, 14), (33, 16, 5, 3), {"pads": [2, 0, 2, 1]}),  # 12 x 13 outputs, asymmetric
@@ -307,7 +308,8 @@ def test_conv_rows_fused_epilogue(tmp_path) -> None:
         onnx.save(model, str(path))
         polyml_compile(path, tmp_path / "build", emit=["ll"], threads=2)
         ir_text = "".join(p.read_text() for p in (tmp_path / "build").glob("ops.off*.ll") if ".opt." not in p.name)
-        assert "polyml.rows_ukernel.7" in ir_text
+        assert "polyml.rows_ukernel.7x2." in ir_text  # output rows stacked in pairs (14 positions)
+        assert "polyml.rows_ukernel.7\"" in ir_text  # and the seventh row alone
 
 
 def test_conv_choice_by_shape(monkeypatch) -> None:

@@ -39,6 +39,9 @@ CHANNELS = 32
 WIDTH = 16
 #: most positions per tile: 2 accumulators each + 2 weight vectors + 1 broadcast ≤ 32 zmm
 MAX_ROWS = 14
+#: whether rows of at most MAX_ROWS / 2 positions are stacked two to a tile
+#: (``POLYML_ROWS_STACK=0``: one output row per tile, for A/B measurements)
+STACK = os.environ.get("POLYML_ROWS_STACK", "1") != "0"
 
 
 @dataclass(frozen=True)
@@ -58,6 +61,18 @@ class RowsSpec:
     def panels(self) -> int:
         return -(-self.m // CHANNELS)
 
+    @property
+    def stack(self) -> int:
+        """Output rows per register tile: two when two rows fit (7x7 maps: 14 positions, 28
+        accumulators, against 14 for one row), else one."""
+        return 2 if STACK and 2 * self.width <= MAX_ROWS else 1
+
+    @property
+    def tiles(self) -> int:
+        """Register tiles per output plane (the last holds ``rows % stack`` rows when that is
+        not 0)."""
+        return -(-self.rows // self.stack)
+
 
 def prepack_weights(w: np.ndarray) -> np.ndarray:
     """``w`` (M × K) as ``[panel][p][32]``: panel ``q``'s column ``jj`` is output channel
@@ -69,11 +84,12 @@ def prepack_weights(w: np.ndarray) -> np.ndarray:
     return np.ascontiguousarray(out.reshape(panels, CHANNELS, k).transpose(0, 2, 1)).ravel()
 
 
-def _micro_kernel(module: ir.Module, spec: RowsSpec, attrs: Sequence[str]) -> ir.Function:
-    """``ukernel(k, src_row, offsets, panel, tile)``: the ``width × 32`` tile over ``k`` steps
-    (step ``p`` broadcasts ``src_row[offsets[p] + r]`` for each row ``r`` and loads the panel's
-    32 weights), stored row-major (pitch 32) into ``tile``."""
-    name = f"polyml.rows_ukernel.{spec.width}"
+def _micro_kernel(module: ir.Module, spec: RowsSpec, attrs: Sequence[str], stack: int = 1) -> ir.Function:
+    """``ukernel(k, src_row, offsets, panel, tile)``: the ``(stack·width) × 32`` tile over ``k``
+    steps (step ``p`` broadcasts ``src_row[offsets[p] + ⌊r/width⌋·pitch + r mod width]`` for
+    each tile row ``r``: ``stack`` output rows of ``width`` positions, and loads the panel's 32
+    weights), stored row-major (pitch 32) into ``tile``."""
+    name = f"polyml.rows_ukernel.{spec.width}" + (f"x{stack}.{spec.pitch}" if stack > 1 else "")
     existing = module.globals.get(name)
     if existing is not None:
         return existing
@@ -94,12 +110,13 @@ def _micro_kernel(module: ir.Module, spec: RowsSpec, attrs: Sequence[str]) -> ir
                   for v in range(vectors)]
         a_row = b.gep(src, [b.sext(b.load(b.gep(rows_at, [p], inbounds=True)), I64)], inbounds=True)
         new = []
-        for r in range(spec.width):
-            a_vec = splat(b, b.load(b.gep(a_row, [_c(r)], inbounds=True)), vec)
+        for r in range(stack * spec.width):
+            at = r // spec.width * spec.pitch + r % spec.width
+            a_vec = splat(b, b.load(b.gep(a_row, [_c(at)], inbounds=True)), vec)
             new.append([b.call(fma, [a_vec, b_vecs[v], accs[r][v]]) for v in range(vectors)])
         return new
 
-    tile_loop(b, ir.Constant(vec, [0.0] * WIDTH), spec.width, vectors, kc, "p", step, tile, _c(CHANNELS),
+    tile_loop(b, ir.Constant(vec, [0.0] * WIDTH), stack * spec.width, vectors, kc, "p", step, tile, _c(CHANNELS),
               ir.Constant(ir.IntType(1), 0), b.fadd)
     return fn
 
@@ -133,6 +150,8 @@ def emit_rows(k: KernelBuilder, spec: RowsSpec, src: Buffer, weights: Buffer, op
     as :attr:`polyml.codegen.gemm.GemmSpec.make_builder`."""
     attrs = [a for a in k.fn.attributes if a != "noinline"]
     ukernel = _micro_kernel(k.module, spec, attrs)
+    stacked = _micro_kernel(k.module, spec, attrs, spec.stack) if spec.stack > 1 else ukernel
+    positions = spec.stack * spec.width
     name = f"{k.fn.name}.rows{k.nests}"
     k.nests += 1
     table_type = ir.ArrayType(ir.IntType(32), spec.k)
@@ -148,7 +167,7 @@ def emit_rows(k: KernelBuilder, spec: RowsSpec, src: Buffer, weights: Buffer, op
     for a in (*ops, out):
         a.add_attribute("noalias")
     b = make_builder(fn) if make_builder else ir.IRBuilder(fn.append_basic_block("entry"))
-    tile = b.alloca(ir.ArrayType(F32, spec.width * CHANNELS), name="tile")
+    tile = b.alloca(ir.ArrayType(F32, positions * CHANNELS), name="tile")
     tile_p = b.bitcast(tile, F32P)
     # the tile transposed: channel-major, 16 positions per channel (those past width unused)
     tile_t = b.alloca(ir.ArrayType(F32, CHANNELS * WIDTH), name="tile_t")
@@ -156,33 +175,53 @@ def emit_rows(k: KernelBuilder, spec: RowsSpec, src: Buffer, weights: Buffer, op
     vec = ir.VectorType(F32, WIDTH)
     plane = spec.rows * spec.width
     with for_range(b, u0, u1, name="unit") as u:
-        panel = b.udiv(u, _c(spec.rows))
-        oh = b.urem(u, _c(spec.rows))
+        panel = b.udiv(u, _c(spec.tiles))
+        oh = b.mul(b.urem(u, _c(spec.tiles)), _c(spec.stack))
         src_row = b.gep(ops[0], [b.mul(oh, _c(spec.pitch))], inbounds=True)
         bp = b.gep(ops[1], [b.mul(panel, _c(spec.k * CHANNELS))], inbounds=True)
         rows_at = b.gep(table, [_c(0), _c(0)], inbounds=True)
-        b.call(ukernel, [_c(spec.k), src_row, rows_at, bp, tile_p])
-        for v in range(CHANNELS // WIDTH):  # 16 channels x width positions -> per-channel runs
+        # stack rows, or one for the last tile of an odd number of rows
+        whole = b.icmp_signed("<=", b.add(oh, _c(spec.stack)), _c(spec.rows))
+        if spec.stack > 1:
+            with b.if_else(whole) as (then, otherwise):
+                with then:
+                    b.call(stacked, [_c(spec.k), src_row, rows_at, bp, tile_p])
+                with otherwise:
+                    b.call(ukernel, [_c(spec.k), src_row, rows_at, bp, tile_p])
+        else:
+            b.call(ukernel, [_c(spec.k), src_row, rows_at, bp, tile_p])
+        for v in range(CHANNELS // WIDTH):  # 16 channels x positions -> per-channel runs
             loaded = [b.load(b.bitcast(b.gep(tile_p, [_c(r * CHANNELS + v * WIDTH)], inbounds=True), vec.as_pointer()),
-                             align=4) for r in range(spec.width)]
-            loaded += [ir.Constant(vec, [0.0] * WIDTH)] * (WIDTH - spec.width)
+                             align=4) for r in range(positions)]
+            loaded += [ir.Constant(vec, [0.0] * WIDTH)] * (WIDTH - positions)
             for c, row in enumerate(transpose16(b, loaded)):
                 b.store(row, b.bitcast(b.gep(tile_tp, [_c((v * WIDTH + c) * WIDTH)], inbounds=True), vec.as_pointer()),
                         align=4)
         ch0 = b.mul(panel, _c(CHANNELS))
         channels = _min(b, _c(CHANNELS), b.sub(_c(spec.m), ch0))
-        pos0 = b.mul(oh, _c(spec.width))
-        with for_range(b, 0, channels, name="store.ch") as ch:
-            i = b.add(ch0, ch)
-            dst_row = b.gep(out, [b.add(b.mul(i, _c(plane)), pos0)], inbounds=True)
-            with for_range(b, 0, spec.width, name="store.ow") as ow:
-                v = b.load(b.gep(tile_tp, [b.add(b.mul(ch, _c(WIDTH)), ow)], inbounds=True))
-                if epilogue is not None:
-                    v = epilogue(b, ops, i, b.add(pos0, ow), v)
-                b.store(v, b.gep(dst_row, [ow], inbounds=True))
+        pos0 = b.mul(oh, _c(spec.width))  # the tile's rows are consecutive positions in y
+
+        def store(count: int) -> None:
+            with for_range(b, 0, channels, name="store.ch") as ch:
+                i = b.add(ch0, ch)
+                dst_row = b.gep(out, [b.add(b.mul(i, _c(plane)), pos0)], inbounds=True)
+                with for_range(b, 0, count, name="store.ow") as ow:
+                    v = b.load(b.gep(tile_tp, [b.add(b.mul(ch, _c(WIDTH)), ow)], inbounds=True))
+                    if epilogue is not None:
+                        v = epilogue(b, ops, i, b.add(pos0, ow), v)
+                    b.store(v, b.gep(dst_row, [ow], inbounds=True))
+
+        if spec.stack > 1:
+            with b.if_else(whole) as (then, otherwise):
+                with then:
+                    store(positions)
+                with otherwise:
+                    store(spec.width)
+        else:
+            store(spec.width)
     b.ret_void()
 
-    units = spec.panels * spec.rows
+    units = spec.panels * spec.tiles
     bufs = [src, weights, *operands]
     if k.parallel and units > 1:
         threads = os.cpu_count() or 1
