@@ -32,7 +32,7 @@ import llvmlite.ir as ir
 import numpy as np
 
 from polyml.codegen.builder import F32, I64, Buffer, KernelBuilder, splat
-from polyml.codegen.gemm import F32P, Epilogue, _c, _function, _min, for_range, tile_loop
+from polyml.codegen.gemm import F32P, Epilogue, _c, _function, _min, _prefetch, for_range, tile_loop
 
 #: output channels per tile (two AVX-512 vectors)
 CHANNELS = 32
@@ -42,6 +42,9 @@ MAX_ROWS = 14
 #: whether rows of at most MAX_ROWS / 2 positions are stacked two to a tile
 #: (``POLYML_ROWS_STACK=0``: one output row per tile, for A/B measurements)
 STACK = os.environ.get("POLYML_ROWS_STACK", "1") != "0"
+#: reduction steps ahead whose source run the micro-kernel prefetches (``POLYML_ROWS_PREFETCH``;
+#: 0: none)
+PREFETCH_AHEAD = int(os.environ.get("POLYML_ROWS_PREFETCH", "24"))
 
 
 @dataclass(frozen=True)
@@ -109,6 +112,11 @@ def _micro_kernel(module: ir.Module, spec: RowsSpec, attrs: Sequence[str], stack
         b_vecs = [b.load(b.bitcast(b.gep(b_row, [_c(v * WIDTH)], inbounds=True), vec.as_pointer()), align=4)
                   for v in range(vectors)]
         a_row = b.gep(src, [b.sext(b.load(b.gep(rows_at, [p], inbounds=True)), I64)], inbounds=True)
+        if PREFETCH_AHEAD:  # the table holds PREFETCH_AHEAD more entries (the last offset again)
+            at = b.load(b.gep(rows_at, [b.add(p, _c(PREFETCH_AHEAD))], inbounds=True))
+            ahead = b.gep(src, [b.sext(at, I64)], inbounds=True)
+            for off in sorted({0, (stack - 1) * spec.pitch + spec.width - 1}):
+                _prefetch(b, b.gep(ahead, [_c(off)], inbounds=True))
         new = []
         for r in range(stack * spec.width):
             at = r // spec.width * spec.pitch + r % spec.width
@@ -154,11 +162,13 @@ def emit_rows(k: KernelBuilder, spec: RowsSpec, src: Buffer, weights: Buffer, op
     positions = spec.stack * spec.width
     name = f"{k.fn.name}.rows{k.nests}"
     k.nests += 1
-    table_type = ir.ArrayType(ir.IntType(32), spec.k)
+    offsets = [int(o) for o in spec.offsets]
+    offsets += offsets[-1:] * PREFETCH_AHEAD  # the micro-kernel's prefetches past the last step
+    table_type = ir.ArrayType(ir.IntType(32), len(offsets))
     table = ir.GlobalVariable(k.module, table_type, f"{name}.offsets")
     table.global_constant = True
     table.linkage = "internal"
-    table.initializer = ir.Constant(table_type, [int(o) for o in spec.offsets])
+    table.initializer = ir.Constant(table_type, offsets)
 
     nops = 2 + len(operands)
     fn = _function(k.module, name, [F32P] * (nops + 1) + [I64, I64], attrs, True)
