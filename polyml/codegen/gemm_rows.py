@@ -18,8 +18,10 @@ to 64 and 196 to 224, and wastes nothing there: every tile row is an output posi
   reduction, then is transposed in registers (:func:`transpose16`) into per-channel runs of
   ``OW`` positions, stored into ``y``'s channel planes with the epilogue (bias, fused chain).
 
-Work units ``(panel, oh)`` are dealt to the threads panel-major, so a thread streams each
-weight panel once for all its rows.
+Work units ``(panel, tile)`` are dealt to the threads panel-major, so a thread streams each
+weight panel once for all its rows.  Rows of at most 7 positions are stacked two to a tile
+(:attr:`RowsSpec.stack`), and each reduction step prefetches the source run of a step
+:data:`PREFETCH_AHEAD` ahead.
 """
 
 from __future__ import annotations
@@ -190,16 +192,20 @@ def emit_rows(k: KernelBuilder, spec: RowsSpec, src: Buffer, weights: Buffer, op
         src_row = b.gep(ops[0], [b.mul(oh, _c(spec.pitch))], inbounds=True)
         bp = b.gep(ops[1], [b.mul(panel, _c(spec.k * CHANNELS))], inbounds=True)
         rows_at = b.gep(table, [_c(0), _c(0)], inbounds=True)
-        # stack rows, or one for the last tile of an odd number of rows
-        whole = b.icmp_signed("<=", b.add(oh, _c(spec.stack)), _c(spec.rows))
-        if spec.stack > 1:
-            with b.if_else(whole) as (then, otherwise):
+
+        def per_tile(emit: Callable[[bool], None]) -> None:
+            """``emit(True)`` for a tile of ``stack`` rows, ``emit(False)`` for the last tile
+            of an odd number of rows (one row)."""
+            if spec.stack == 1:
+                emit(False)
+                return
+            with b.if_else(b.icmp_signed("<=", b.add(oh, _c(spec.stack)), _c(spec.rows))) as (then, otherwise):
                 with then:
-                    b.call(stacked, [_c(spec.k), src_row, rows_at, bp, tile_p])
+                    emit(True)
                 with otherwise:
-                    b.call(ukernel, [_c(spec.k), src_row, rows_at, bp, tile_p])
-        else:
-            b.call(ukernel, [_c(spec.k), src_row, rows_at, bp, tile_p])
+                    emit(False)
+
+        per_tile(lambda whole: b.call(stacked if whole else ukernel, [_c(spec.k), src_row, rows_at, bp, tile_p]))
         for v in range(CHANNELS // WIDTH):  # 16 channels x positions -> per-channel runs
             loaded = [b.load(b.bitcast(b.gep(tile_p, [_c(r * CHANNELS + v * WIDTH)], inbounds=True), vec.as_pointer()),
                              align=4) for r in range(positions)]
@@ -221,14 +227,7 @@ def emit_rows(k: KernelBuilder, spec: RowsSpec, src: Buffer, weights: Buffer, op
                         v = epilogue(b, ops, i, b.add(pos0, ow), v)
                     b.store(v, b.gep(dst_row, [ow], inbounds=True))
 
-        if spec.stack > 1:
-            with b.if_else(whole) as (then, otherwise):
-                with then:
-                    store(positions)
-                with otherwise:
-                    store(spec.width)
-        else:
-            store(spec.width)
+        per_tile(lambda whole: store(positions if whole else spec.width))
     b.ret_void()
 
     units = spec.panels * spec.tiles
