@@ -228,6 +228,7 @@ PACKED_CASES = [
     ("Gemm", {"a": (96, 80), "b": (112, 80), "c": (96, 112)}, {"transB": 1}),
     ("Gemm", {"a": (30, 80), "b": (80, 112)}, {"alpha": -1.0}),
     ("MatMul", {"a": (50, 32), "b": (32, 70)}, {}),  # K <= ROWS_OUTER_MAX_K: row panels outside column panels
+    ("MatMul", {"a": (50, 600), "b": (600, 70)}, {}),  # K > ROWS_OUTER_MAX_K_WIDE: column panels outside
 ]
 
 
@@ -350,6 +351,19 @@ def test_blocks_by_how_a_is_read() -> None:
         assert (block_kc(spec(**constant), blk), block_nc(spec(**constant), blk)) == (256, 512)
         with pytest.raises(ValueError, match="pre-packed B"):
             spec(prepacked_b=True, **constant)
+
+
+def test_row_panels_outside_by_tile_width() -> None:
+    """``ir`` runs outside ``jr`` for reductions up to 32 steps with AVX2's 16-column tiles and up
+    to 512 with AVX-512's 32-column ones (fifteenth session: ResNet-50 0.95x)."""
+    from polyml.codegen.gemm import GemmSpec, host_blocking, matrix_loader, rows_outer
+
+    def spec(k: int) -> GemmSpec:
+        return GemmSpec(64, 256, k, load_a=matrix_loader(0, k), load_b=matrix_loader(1, 256), operands=2)
+
+    wide, narrow = host_blocking("+avx512f,+fma"), host_blocking("+avx2,+fma")
+    assert [rows_outer(spec(k), wide) for k in (32, 64, 512, 513)] == [True, True, True, False]
+    assert [rows_outer(spec(k), narrow) for k in (32, 33, 512)] == [True, False, False]
 
 
 @pytest.mark.parametrize("blocking", ["mr=6,nr=16,width=8", "mr=4,nr=8,width=4,fma=0", "mr=6,nr=16,width=8,kc=16",

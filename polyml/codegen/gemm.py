@@ -226,17 +226,25 @@ def block_nc(spec: GemmSpec, blk: Blocking) -> int:
 #: ``mr`` sequential streams instead of one per row of the ``mc`` block (see :func:`rows_outer`;
 #: tenth session, AVX2, steps of whole models interleaved, 1 thread, minimum of 18: 1x1 16->96
 #: @112 0.83-0.85x (MobileNetV2), 0.95x with SiLU (EfficientNet-B0); 24->144 @56, 32->192 @28
-#: and 32->16 @112 within 3 %)
+#: and 32->16 @112 within 3 %).  AVX-512's 12 x 32 tile (:data:`ROWS_OUTER_MAX_K_WIDE`) keeps it
+#: longer
 ROWS_OUTER_MAX_K = 32
+#: ... on AVX-512 hosts (32-column tiles): fifteenth session, Sapphire Rapids class host,
+#: ResNet-50's steps at 1 thread, ``ir`` outside / inside: 1x1 64->256 @56 0.87-0.94, 128->512
+#: @28 0.94-0.97, 256->64 and 256->128 @56 0.97-0.99, 512->128 @28 0.99-1.03; whole models
+#: alternated (minimum / median): ResNet-50 0.96 / 0.95 at 1 thread and 0.97 / 0.95 at 2,
+#: Inception-v2 0.99 / 0.97 and DenseNet-121 0.98 / 0.98 at 2, MobileNetV2 1.00 / 1.02 at 2
+#: (``POLYML_GEMM_ROWS_OUTER_K`` sets it, for A/B measurements)
+ROWS_OUTER_MAX_K_WIDE = int(os.environ.get("POLYML_GEMM_ROWS_OUTER_K", "512"))
 
 
-def rows_outer(spec: GemmSpec) -> bool:
+def rows_outer(spec: GemmSpec, blk: Blocking) -> bool:
     """Whether the block function runs its ``ir`` loop outside ``jr`` (a loop interchange of
     two parallel tile loops, always legal).  With ``jr`` outside, a column panel of B stays in
     L1 for all row panels, the right order when each tile's reduction is long; with a short
     one the tiles are store-bound and the ``mc`` rows of C written side by side are that many
     write streams: MobileNetV2's 1x1 16->96 @112x112 writes 96 channel planes at once."""
-    return spec.k <= ROWS_OUTER_MAX_K
+    return spec.k <= (ROWS_OUTER_MAX_K_WIDE if blk.nr == 32 else ROWS_OUTER_MAX_K)
 
 
 def packing_floats(spec: GemmSpec, blk: Blocking, m_part: int, n_part: int) -> int:
@@ -592,7 +600,7 @@ def block_function(module: ir.Module, name: str, spec: GemmSpec, blk: Blocking, 
                         _store_tile(b, spec, ops, blk, ukernel, direct_kernel if direct else None, narrow, short, ap,
                                     bp, tile, first, last, i0, j0, pc, kc, rows, cols, c_addr)
 
-                if rows_outer(spec):  # a row panel's tiles along C's rows, then the next panel
+                if rows_outer(spec, blk):  # a row panel's tiles along C's rows, then the next panel
                     with for_range(b, 0, panels_m, name="ir") as ipn, for_range(b, 0, panels_n, name="jr") as jp:
                         register_tile(jp, ipn)
                 else:  # a column panel of B, kept in L1, against every row panel of A
