@@ -590,6 +590,11 @@ STEM_GEMM_MAX_TAPS: dict[str, int | None] = {"avx512": None, "avx": None, "other
 #: 1 thread 0.76 -> 0.59; 3x3 16->16 @56 1 thread 0.39 -> 0.15.  Strided ones are mixed:
 #: 3x3/2 16->64 @56 0.15 -> 0.24, 16->32 @112 0.33 -> 0.26; 24 channels tie)
 THIN_MAX_CHANNELS = 16
+#: ... but on AVX-512 from this many output channels they take the GEMM (its im2col packed since
+#: the fifteenth session): per step of SqueezeNet, GEMM / direct, 3x3 16->64 @55 0.94-0.95 at 1
+#: thread and 0.74-0.78 at 2 (the whole model 0.99 / 0.94-0.95), where Inception-v1's 5x5
+#: 16->32 @27 lost (1.28 / 1.05).  Per ISA, None: never (AVX2 not measured)
+THIN_GEMM_MIN_CHANNELS: dict[str, int | None] = {"avx512": 64, "avx": None, "other": None}
 
 
 @dataclass(frozen=True)
@@ -643,7 +648,8 @@ def prefer_gemm(win: Window, m: int, kk: int) -> bool:
     channels (144->24, 96->24, 16->96: 1.3-2.1x; 32->16 0.87x).  Re-measured since: stems of
     :data:`STEM_MAX_CHANNELS` input channels are faster direct (the packing of their short
     reduction dominates; 3x3 stems are not when read in place, :data:`STEM_GEMM_MAX_TAPS`), and
-    so are unstrided ones of :data:`THIN_MAX_CHANNELS`.
+    so are unstrided ones of :data:`THIN_MAX_CHANNELS` (on AVX-512 below
+    :data:`THIN_GEMM_MIN_CHANNELS` output channels).
     """
     rule = POINTWISE_GEMM[_isa()]
     if win.pointwise:
@@ -661,7 +667,8 @@ def prefer_gemm(win: Window, m: int, kk: int) -> bool:
         most = STEM_GEMM_MAX_TAPS[_isa()]
         return reads_in_place(win, kk) and (most is None or math.prod(win.kernel) <= most)
     if channels <= THIN_MAX_CHANNELS and all(s == 1 for s in win.strides):
-        return False
+        wide = THIN_GEMM_MIN_CHANNELS[_isa()]
+        return wide is not None and m >= wide
     return m >= GEMM_MIN_CHANNELS
 
 

@@ -333,7 +333,8 @@ def test_conv_choice_by_shape(monkeypatch) -> None:
     assert _choice((1, 144, 56, 56), (24, 144, 1, 1), {}) == "gemm"
     assert _choice((1, 64, 56, 56), (64, 64, 3, 3), {"pads": [1, 1, 1, 1]}) == "gemm"
     assert _choice((1, 16, 56, 56), (16, 16, 3, 3), {"pads": [1, 1, 1, 1]}) == "direct"
-    assert _choice((1, 16, 55, 55), (64, 16, 3, 3), {"pads": [1, 1, 1, 1]}) == "flat"  # 16 input channels
+    assert _choice((1, 16, 55, 55), (64, 16, 3, 3), {"pads": [1, 1, 1, 1]}) == "gemm"  # 16 input channels, 64 out
+    assert _choice((1, 16, 27, 27), (32, 16, 5, 5), {"pads": [2, 2, 2, 2]}) == "flat"  # ... 32 out: direct
     assert _choice((1, 16, 56, 56), (64, 16, 3, 3), {"strides": [2, 2]}) == "gemm"  # ... strided
     assert _choice((1, 3, 224, 224), (64, 3, 3, 3), {"strides": [2, 2]}) == "gemm_inplace"  # a 3x3 stem
     assert _choice((1, 3, 224, 224), (64, 3, 7, 7), {"strides": [2, 2], "pads": [3, 3, 3, 3]}) == "gemm_inplace"
