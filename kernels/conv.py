@@ -601,18 +601,38 @@ THIN_GEMM_MIN_CHANNELS: dict[str, int | None] = {"avx512": 64, "avx": None, "oth
 class PointwiseRule:
     """When 1x1 convolutions without padding leave the direct nests for the packed GEMM, on
     one ISA: unstrided ones (x itself is the B matrix, nothing to gather) from ``min_channels``
-    output channels on maps of at least ``min_positions`` positions; strided ones (ResNet's
-    downsampling shortcuts) if ``strided`` (the GEMM then packs the subsampled columns, the
-    direct nests read a compact subsampled copy)."""
+    output channels on maps of at least ``min_positions`` positions (below ``thin_channels``
+    output channels, of at least ``thin_min_positions``, and in a one-thread build with a
+    reduction over at least ``thin_serial_min_k`` input channels); strided ones (ResNet's downsampling
+    shortcuts) if ``strided`` (the GEMM then packs the subsampled columns, the direct nests
+    read a compact subsampled copy)."""
 
     min_channels: int
     min_positions: int
     strided: bool
+    thin_channels: int = 0
+    thin_min_positions: int = 0
+    thin_serial_min_k: int = 0
+
+    def takes_gemm(self, channels: int, positions: int, k: int, threaded: bool) -> bool:
+        """Whether an unstrided 1x1 convolution from ``k`` to ``channels`` channels on
+        ``positions`` positions takes the GEMM (in a build for more than one thread if ``threaded``)."""
+        if channels < self.thin_channels:
+            return (channels >= self.min_channels and positions >= self.thin_min_positions
+                    and (threaded or k >= self.thin_serial_min_k))
+        return channels >= self.min_channels and positions >= self.min_positions
 
 
 #: AVX-512: two register tiles of rows (24 channels) on maps of a register tile of columns
-#: (32 positions) or more.  The seventh session kept maps of up to 196 positions (14x14, 13x13,
-#: 7x7) on the direct nests, whose GEMM then padded 196 positions to 224 and 49 to 64 (single
+#: (32 positions) or more, and 16 channels on maps of 512 positions (sixteenth session, the
+#: 16-channel projections after a concatenation or a depthwise layer, per step of whole models
+#: at 2 threads, minimum of 20, GEMM / direct: SqueezeNet's 64->16 @55 0.43 and 128->16 @55
+#: 0.37, MobileNetV2's 32->16 @112 0.60, EfficientNet-B0's 0.44, Inception-v1's 192->16 @27
+#: 0.59; whole models 0.95, 0.98, 0.99, 1.00: the direct nests' 8-channel blocks stream all of
+#: x once per block, 128 rows at a time, where the GEMM packs it once; but 480->16 @13, whose
+#: x fits L2, 2.4).  One thread: only from 128 input channels (SqueezeNet's 128->16 @55 0.90,
+#: its 64->16 @55 1.24, MobileNetV2's 32->16 @112 1.12).  The seventh session kept maps of up to 196 positions (14x14, 13x13, 7x7)
+#: on the direct nests, whose GEMM then padded 196 positions to 224 and 49 to 64 (single
 #: layers, 2 threads: 1024->256 @14 0.60-0.63 -> 0.53 ms, 320->1280 @7 0.28 -> 0.25); since the
 #: GEMM's narrow and short edge kernels (twelfth session) it beats them inside the models
 #: (fifteenth session, Sapphire Rapids class host, whole models alternated in one process,
@@ -631,8 +651,8 @@ class PointwiseRule:
 #: (16) or more: below, the GEMM pads the columns to 16 (eleventh session, squeeze-excitation
 #: products on 1x1 maps, 1 thread CPU time, minimum of 60, direct / GEMM: 1152->48 0.60, 48->1152
 #: 0.46).  Hosts without AVX: AVX-512's rule (not measured)
-POINTWISE_GEMM = {"avx512": PointwiseRule(24, 32, False), "avx": PointwiseRule(16, 16, True),
-                  "other": PointwiseRule(24, 32, False)}
+POINTWISE_GEMM = {"avx512": PointwiseRule(16, 32, False, 24, 512, 128), "avx": PointwiseRule(16, 16, True),
+                  "other": PointwiseRule(16, 32, False, 24, 512, 128)}
 
 
 def prefer_gemm(win: Window, m: int, kk: int) -> bool:
@@ -653,7 +673,9 @@ def prefer_gemm(win: Window, m: int, kk: int) -> bool:
     """
     rule = POINTWISE_GEMM[_isa()]
     if win.pointwise:
-        return m >= rule.min_channels and math.prod(win.out) >= rule.min_positions
+        from polyml.codegen.gemm import threaded
+
+        return rule.takes_gemm(m, math.prod(win.out), kk, threaded())
     if _unpadded_1x1(win):
         # strided 1x1 without padding (ResNet's downsampling shortcuts), on AVX-512: the
         # pointwise nests on a compact subsampled copy; the GEMM on stride-phase planes pads

@@ -187,14 +187,16 @@ GEMM_CASES = [
 ]
 
 
-def _choice(xs: tuple[int, ...], ws: tuple[int, ...], attrs: dict, conv: str = "auto", constant: bool = False) -> str:
-    """The plan's mode for a Conv of these shapes with the packed GEMM on (``conv`` choice)."""
+def _choice(xs: tuple[int, ...], ws: tuple[int, ...], attrs: dict, conv: str = "auto", constant: bool = False,
+            threaded: bool = True) -> str:
+    """The plan's mode for a Conv of these shapes with the packed GEMM on (``conv`` choice), in a
+    build for more than one thread (``threaded``) or for one."""
     from polyml.kernels.conv import _plan
 
     from polyml.codegen import gemm as packed
     from polyml.graph import TensorType
 
-    with packed.packed_gemm(True, conv):
+    with packed.packed_gemm(True, conv, threaded):
         return _plan(Node("c", "Conv", ["x", "w"], ["y"], dict(attrs)), TensorType(xs), TensorType(ws), constant).mode
 
 
@@ -359,7 +361,8 @@ def test_conv_choice_by_shape(monkeypatch) -> None:
 @pytest.mark.parametrize("isa", ["avx512", "avx"])
 def test_pointwise_choice_by_isa(isa, monkeypatch) -> None:
     """1x1 convolutions without padding (``POINTWISE_GEMM``): AVX-512 keeps the direct nests
-    below 24 output channels, on maps of fewer than 32 positions and for strided ones; AVX2
+    below 24 output channels on maps of fewer than 512 positions or, in a one-thread build, with
+    fewer than 128 input channels (below 16 on any), on maps of fewer than 32 positions and for strided ones; AVX2
     takes the GEMM from 16 channels on maps of 16 positions or more, strided ones with their
     columns packed.  Other GEMM convolutions pack their im2col rows but stems, which read them
     in place whatever their kernel size (``PACKED_IM2COL_ISAS``, ``STEM_GEMM_MAX_TAPS``: tenth
@@ -370,7 +373,12 @@ def test_pointwise_choice_by_isa(isa, monkeypatch) -> None:
     monkeypatch.delenv("POLYML_CONV_INPLACE", raising=False)
     gemm = "pointwise" if isa == "avx512" else "gemm"
     assert _choice((1, 64, 56, 56), (24, 64, 1, 1), {}) == "gemm"
-    assert _choice((1, 32, 56, 56), (16, 32, 1, 1), {}) == gemm
+    assert _choice((1, 32, 56, 56), (16, 32, 1, 1), {}) == "gemm"
+    assert _choice((1, 480, 13, 13), (16, 480, 1, 1), {}) == gemm  # 169 positions: AVX-512 direct below 24
+    assert _choice((1, 480, 13, 13), (24, 480, 1, 1), {}) == "gemm"
+    assert _choice((1, 32, 56, 56), (16, 32, 1, 1), {}, threaded=False) == gemm  # one thread: K < 128
+    assert _choice((1, 128, 56, 56), (16, 128, 1, 1), {}, threaded=False) == "gemm"
+    assert _choice((1, 32, 56, 56), (24, 32, 1, 1), {}, threaded=False) == "gemm"
     assert _choice((1, 32, 56, 56), (12, 32, 1, 1), {}) == "pointwise"  # under 16 channels: direct on both
     assert _choice((1, 1152, 1, 1), (48, 1152, 1, 1), {}) == "pointwise"  # squeeze-excitation: 1 position
     assert _choice((1, 1152, 5, 5), (48, 1152, 1, 1), {}) == ("pointwise" if isa == "avx512" else "gemm")  # 25

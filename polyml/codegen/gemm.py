@@ -44,7 +44,7 @@ F32P = F32.as_pointer()
 #: whether the lowering in progress may use the packed GEMM: only a host (CPU) lowering that
 #: asks for it (``Options.gemm``, :func:`polyml.codegen.lower.lower_graph`); the GPU lowering
 #: and the SCoP tools keep the plain nests.  Kernels ask :func:`enabled`.
-_ENABLED: ContextVar[tuple[bool, str]] = ContextVar("polyml_packed_gemm", default=(False, "auto"))
+_ENABLED: ContextVar[tuple[bool, str, bool]] = ContextVar("polyml_packed_gemm", default=(False, "auto", True))
 
 
 def enabled() -> bool:
@@ -57,10 +57,17 @@ def conv_choice() -> str:
     return _ENABLED.get()[1]
 
 
+def threaded() -> bool:
+    """Whether the ops being lowered may split their loops over threads (a build for more than
+    one): some choices between the GEMM and direct nests differ by thread count."""
+    return _ENABLED.get()[2]
+
+
 @contextmanager
-def packed_gemm(on: bool, conv: str = "auto") -> Iterator[None]:
-    """Within the block, kernels use the packed GEMM only if ``on``; convolutions as ``conv`` says."""
-    token = _ENABLED.set((on, conv))
+def packed_gemm(on: bool, conv: str = "auto", threaded: bool = True) -> Iterator[None]:
+    """Within the block, kernels use the packed GEMM only if ``on``; convolutions as ``conv``
+    says; ``threaded``: the build runs ops on more than one thread."""
+    token = _ENABLED.set((on, conv, threaded))
     try:
         yield
     finally:

@@ -164,7 +164,7 @@ def lower_graph(graph: Graph, target: HostTarget, chunks: int = 1, parallel: boo
     (:func:`polyml.codegen.gemm.conv_choice`)."""
     from polyml.codegen.gemm import packed_gemm as packed_gemm_enabled
 
-    with packed_gemm_enabled(packed_gemm, conv):
+    with packed_gemm_enabled(packed_gemm, conv, parallel):
         return _lower_graph(graph, target, chunks, parallel, in_place_concat, tile_bytes)
 
 
