@@ -353,6 +353,23 @@ def test_blocks_by_how_a_is_read() -> None:
             spec(prepacked_b=True, **constant)
 
 
+def test_reduction_blocks_of_equal_size() -> None:
+    """``kc_for``: the fewest reduction blocks under the limit, of equal size in whole steps
+    (a convolution's taps), never a short last block."""
+    from polyml.codegen.gemm import kc_for
+
+    assert kc_for(512, 384) == 256  # not 384 + 128
+    assert kc_for(384, 384) == 384 and kc_for(100, 384) == 100
+    assert kc_for(2048, 768) == 683  # three blocks, the last 682
+    assert kc_for(1152, 384, 9) == 288  # 3x3 taps: 4 x 288, not 3 x 378 + 18
+    assert kc_for(27, 384, 27) == 27 and kc_for(49 * 3, 100, 49) == 98  # 98 + 49: two blocks either way
+    for k, kc, step in ((1000, 256, 1), (2304, 384, 9), (4608, 384, 9), (517, 64, 1)):
+        size = kc_for(k, kc, step)
+        blocks = -(-k // size)
+        assert size <= kc and size % step == 0 and blocks == -(-k // (kc // step * step)), (k, kc, step)
+        assert k - (blocks - 1) * size > size - step * blocks  # the last block is not short
+
+
 def test_row_panels_outside_by_tile_width() -> None:
     """``ir`` runs outside ``jr`` for reductions up to 32 steps with AVX2's 16-column tiles and up
     to 512 with AVX-512's 32-column ones (fifteenth session: ResNet-50 0.95x)."""
