@@ -153,8 +153,14 @@ def gemm_function(k: KernelBuilder, m: int, n: int, kk: int, suffix: str = "gemm
 
 
 #: products with at least this many multiply-adds split their rows over the cores (below it
-#: the threads' start-up and the second packing of B cost more than they save)
-PARALLEL_MIN_MACS = 1 << 21
+#: the threads' start-up and the second packing of B cost more than they save).  2^21 until
+#: the sixteenth session, which found SqueezeNet's 13x13 1x1 convolutions as fast at 2 threads
+#: as at 1 (a fork/join costs 0.8 us on that host): 2^19, per step of whole models at 2
+#: threads, minimum of 20: 256->48 @13 0.71, 48->192 @13 0.69-0.76, ShuffleNet's grouped 1x1
+#: on 14x14 and 7x7 0.53-0.58 (their neighbours 1.1-1.2: the step sums 0.995); whole models,
+#: 60 runs, minimum / median: SqueezeNet 0.99 / 0.99, ShuffleNet 1.00 / 1.02, Inception-v1
+#: 0.99 / 0.98; MobileNetV2 and EfficientNet-B0 unchanged (no product that small)
+PARALLEL_MIN_MACS = 1 << 19
 
 
 def row_blocks(rows: int, n: int, kk: int) -> int:
