@@ -500,15 +500,20 @@ ROWS_POINTWISE_K_PER_CHANNEL = 2
 def rows_plan(node: Node, x: TensorType, w: TensorType, win: Window) -> _Plan | None:
     """The ``rows`` plan (:mod:`polyml.codegen.gemm_rows`) for a convolution with constant
     weights, or None: one group, batch 1, 2-D, a host build with the packed GEMM, ``conv=auto``,
-    an AVX-512 host, an output width in :data:`ROWS_WIDTHS` and :data:`ROWS_MIN_CHANNELS`
-    channels.  Unstrided, unpadded 1x1 convolutions read x itself, the rest a phase copy."""
+    an AVX-512 host, an output width in :data:`ROWS_WIDTHS` (unstrided 1x1 convolutions to at
+    most :data:`FLAT_ROWS_MAX_CHANNELS` channels: any map whose positions :func:`flat_rows_width`
+    cuts into such rows) and :data:`ROWS_MIN_CHANNELS` channels.  Unstrided, unpadded 1x1
+    convolutions read x itself, the rest a phase copy."""
     from polyml.codegen import gemm as packed
 
     if (win.rank != 2 or x.shape[0] != 1 or int(node.attrs.get("group", 1)) != 1 or not rows_enabled()
             or not packed.enabled() or packed.conv_choice() != "auto"):
         return None
     blk = packed.blocking_for_host()
-    if blk.nr != 32 or blk.width != 16 or win.out[1] not in ROWS_WIDTHS or w.shape[0] < ROWS_MIN_CHANNELS:
+    if blk.nr != 32 or blk.width != 16 or w.shape[0] < ROWS_MIN_CHANNELS:
+        return None
+    if win.out[1] not in ROWS_WIDTHS and not (win.pointwise and w.shape[0] <= FLAT_ROWS_MAX_CHANNELS
+                                              and flat_rows_width(win)):
         return None
     m, kk = w.shape[0], math.prod(w.shape[1:])
     if math.prod(win.kernel) == 1 and (kk < ROWS_POINTWISE_K_PER_CHANNEL * m or m % 32):
@@ -516,12 +521,33 @@ def rows_plan(node: Node, x: TensorType, w: TensorType, win: Window) -> _Plan | 
     return _Plan("rows", win, planes=None if win.pointwise else PhasePlanes(x.shape[1], win, 1))
 
 
+#: unstrided 1x1 convolutions on wider maps take the ``rows`` tiles up to this many output
+#: channels (one 32-channel panel, so x is streamed once): sixteenth session, per step of whole
+#: models at 2 threads, minimum of 12, rows / GEMM: MobileNetV2's 144->32 and 192->32 @28
+#: 0.78-0.83, but ResNet-50's 256->64 and 256->128 @56 1.41-1.55, 512->128 and 512->256 @28
+#: 1.26-1.32 (each panel streams all of x again, from L3 on these maps); MobileNetV2 0.98-0.99
+#: at 2 threads (``POLYML_ROWS_FLAT_CHANNELS=0``: none, for A/B measurements)
+FLAT_ROWS_MAX_CHANNELS = int(os.environ.get("POLYML_ROWS_FLAT_CHANNELS", "32"))
+
+
+def flat_rows_width(win: Window) -> int:
+    """For an unstrided 1x1 convolution on a map wider than :data:`ROWS_WIDTHS`: the widest
+    tile row in that range dividing the map's positions (0: none).  Without a window its
+    positions are one flat run, which the ``rows`` tiles cut into rows of that width."""
+    n = math.prod(win.out)
+    return next((w for w in reversed(ROWS_WIDTHS) if n % w == 0), 0)
+
+
 def _rows_spec(plan: _Plan, x: TensorType, w: TensorType) -> RowsSpec:
     win = plan.win
     m, _, kk = _gemm_spec_dims(x, w, win)
     if plan.planes is None:  # x itself: reduction row p = channel p
         plane = math.prod(win.size)
-        return RowsSpec(m, kk, tuple(c * plane for c in range(kk)), win.out[0], win.out[1], win.size[1])
+        offsets = tuple(c * plane for c in range(kk))
+        if win.out[1] not in ROWS_WIDTHS:  # the flat run of positions in rows of flat_rows_width
+            width = flat_rows_width(win)
+            return RowsSpec(m, kk, offsets, plane // width, width, width)
+        return RowsSpec(m, kk, offsets, win.out[0], win.out[1], win.size[1])
     return RowsSpec(m, kk, plan.planes.offsets, win.out[0], win.out[1], plan.planes.qw)
 
 
