@@ -629,13 +629,14 @@ class PointwiseRule:
     one ISA: unstrided ones (x itself is the B matrix, nothing to gather) from ``min_channels``
     output channels on maps of at least ``min_positions`` positions (below ``thin_channels``
     output channels, of at least ``thin_min_positions``, and in a one-thread build with a
-    reduction over at least ``thin_serial_min_k`` input channels); strided ones (ResNet's downsampling
-    shortcuts) if ``strided`` (the GEMM then packs the subsampled columns, the direct nests
-    read a compact subsampled copy)."""
+    reduction over at least ``thin_serial_min_k`` input channels); strided ones (ResNet's
+    downsampling shortcuts) on output maps of at least ``strided_min_positions`` positions
+    (None: never; the GEMM then packs the subsampled columns, the direct nests read a compact
+    subsampled copy)."""
 
     min_channels: int
     min_positions: int
-    strided: bool
+    strided_min_positions: int | None
     thin_channels: int = 0
     thin_min_positions: int = 0
     thin_serial_min_k: int = 0
@@ -677,8 +678,8 @@ class PointwiseRule:
 #: (16) or more: below, the GEMM pads the columns to 16 (eleventh session, squeeze-excitation
 #: products on 1x1 maps, 1 thread CPU time, minimum of 60, direct / GEMM: 1152->48 0.60, 48->1152
 #: 0.46).  Hosts without AVX: AVX-512's rule (not measured)
-POINTWISE_GEMM = {"avx512": PointwiseRule(16, 32, False, 24, 512, 128), "avx": PointwiseRule(16, 16, True),
-                  "other": PointwiseRule(16, 32, False, 24, 512, 128)}
+POINTWISE_GEMM = {"avx512": PointwiseRule(16, 32, 128, 24, 512, 128), "avx": PointwiseRule(16, 16, 0),
+                  "other": PointwiseRule(16, 32, 128, 24, 512, 128)}
 
 
 def prefer_gemm(win: Window, m: int, kk: int) -> bool:
@@ -703,13 +704,17 @@ def prefer_gemm(win: Window, m: int, kk: int) -> bool:
 
         return rule.takes_gemm(m, math.prod(win.out), kk, threaded())
     if _unpadded_1x1(win):
-        # strided 1x1 without padding (ResNet's downsampling shortcuts), on AVX-512: the
-        # pointwise nests on a compact subsampled copy; the GEMM on stride-phase planes pads
-        # each short row of pitch-space columns to whole 32-column panels (ninth session, single
-        # layers with ReLU, minimum of 180: 1 thread 1x1/2 1024->2048 @14 2.63 -> 2.22 ms,
-        # 512->1024 @28 2.28 -> 2.00, 256->512 @56 2.23 -> 2.08; 2 threads 1.30 -> 1.15, 1.16
-        # -> 1.00, 1.28 -> 1.05; onnxruntime 1.9-2.0 ms at 1 thread on the first two)
-        return rule.strided and m >= rule.min_channels
+        # strided 1x1 without padding (ResNet's downsampling shortcuts): the GEMM packing the
+        # subsampled columns, or the pointwise nests on a compact subsampled copy.  On AVX-512
+        # the ninth session kept the nests against a GEMM on stride-phase planes, which padded
+        # each short row of pitch-space columns to whole panels (single layers with ReLU, 1
+        # thread: 1x1/2 1024->2048 @14 2.63 -> 2.22 ms, 512->1024 @28 2.28 -> 2.00, 256->512 @56
+        # 2.23 -> 2.08); the packed columns (AVX2's since the tenth) win on 14x14 and 28x28
+        # outputs (sixteenth session, ResNet-50's steps, minimum of 10-12, GEMM / nests: 1
+        # thread 512->1024 @28 0.82, 256->512 @56 0.90; 2 threads 0.90, 0.83) and lose on 7x7
+        # ones (1024->2048 @14 1.14 at 1 and 2 threads: 49 positions in two panels)
+        least = rule.strided_min_positions
+        return least is not None and m >= rule.min_channels and math.prod(win.out) >= least
     channels = kk // math.prod(win.kernel)
     if channels <= STEM_MAX_CHANNELS:
         most = STEM_GEMM_MAX_TAPS[_isa()]

@@ -369,7 +369,8 @@ def test_conv_choice_by_shape(monkeypatch) -> None:
 def test_pointwise_choice_by_isa(isa, monkeypatch) -> None:
     """1x1 convolutions without padding (``POINTWISE_GEMM``): AVX-512 keeps the direct nests
     below 24 output channels on maps of fewer than 512 positions or, in a one-thread build, with
-    fewer than 128 input channels (below 16 on any), on maps of fewer than 32 positions and for strided ones; AVX2
+    fewer than 128 input channels (below 16 on any), strided ones with outputs of fewer than 128
+    positions, on maps of fewer than 32 positions and for strided ones; AVX2
     takes the GEMM from 16 channels on maps of 16 positions or more, strided ones with their
     columns packed.  Other GEMM convolutions pack their im2col rows but stems, which read them
     in place whatever their kernel size (``PACKED_IM2COL_ISAS``, ``STEM_GEMM_MAX_TAPS``: tenth
@@ -395,7 +396,8 @@ def test_pointwise_choice_by_isa(isa, monkeypatch) -> None:
     assert _choice((1, 272, 28, 28), (272, 68, 1, 1), {"group": 4}) == "gemm"
     assert _choice((1, 48, 28, 28), (48, 12, 1, 1), {"group": 4}) == "pointwise"  # 12 channels a group
     assert _choice((1, 512, 7, 7), (2048, 512, 1, 1), {}, constant=True) == "gemm"  # K < 2M: not the rows tile
-    assert _choice((1, 1024, 14, 14), (2048, 1024, 1, 1), {"strides": [2, 2]}) == gemm
+    assert _choice((1, 1024, 14, 14), (2048, 1024, 1, 1), {"strides": [2, 2]}) == gemm  # 7x7 out
+    assert _choice((1, 512, 28, 28), (1024, 512, 1, 1), {"strides": [2, 2]}) == "gemm"  # 14x14 out: packed
     assert _choice((1, 64, 15, 15), (12, 64, 1, 1), {"strides": [2, 2]}) == "pointwise"
     # padded 1x1 (a window reading outside x): neither rule; the GEMM packs (PACKED_IM2COL_ISAS)
     # as for any other window but stems
