@@ -71,6 +71,10 @@ CHAIN_AFTER_CROP = os.environ.get("POLYML_DW_CHAIN_AFTER_CROP", "1") != "0"
 #: time, bound by the latency of its polynomial; fourteenth session, EfficientNet-B0's 7x7
 #: depthwise steps at 2 threads, two runs, 4 / 1: 0.93-0.97)
 CHAIN_INTERLEAVE = int(os.environ.get("POLYML_DW_CHAIN_INTERLEAVE", "4"))
+#: row-wise planes (AVX-512) store each output row from the accumulator's registers, the last
+#: vector masked, instead of a scalar crop loop reading the row back from the accumulator
+#: (``POLYML_DW_ROW_VECTORS=0`` for the crop loop, for A/B measurements)
+ROW_VECTOR_STORES = os.environ.get("POLYML_DW_ROW_VECTORS", "1") != "0"
 
 
 @dataclass(frozen=True)
@@ -263,16 +267,28 @@ def _plane(k: KernelBuilder, plan: DepthwisePlan, pn: ir.Value, work: ir.Value, 
         # per output row: its vectors into the row accumulator (in L1), then the fused chain
         # and the store of the row; no plane-sized accumulator pass
         y_plane = b.gep(b.bitcast(y.ptr, f32p), [b.mul(pn, _c(oh_n * ow_n))], inbounds=True)
+        whole_vectors = ROW_VECTOR_STORES and lanes > UNALIGNED_MAX_LANES and (not chain or flat_chain)
         with packed.for_range(b, 0, oh_n, name="dw.oh") as oh:
             row = b.mul(oh, _c(pitch))
+            sums = []
             for d in range(0, plan.acc_floats, lanes):
                 s = _step(b, work, b.add(row, _c(d)), taps, weights, start, fma, vec)
-                b.store(s, b.bitcast(b.gep(acc, [_c(d)], inbounds=True), vec.as_pointer()), align=4 * lanes)
-            with packed.for_range(b, 0, ow_n, name="dw.ow") as ow:
-                v = b.load(b.gep(acc, [ow], inbounds=True))
-                if chain:
-                    v = evaluate_chain(k, chain, {k.node.attrs["epilogue_acc"]: v}, extras, [n, c, oh, ow])
-                b.store(v, b.gep(y_plane, [b.add(b.mul(oh, _c(ow_n)), ow)], inbounds=True))
+                sums.append(s)
+                if chain or not whole_vectors:
+                    b.store(s, b.bitcast(b.gep(acc, [_c(d)], inbounds=True), vec.as_pointer()), align=4 * lanes)
+            if whole_vectors:
+                if chain:  # per channel: on the row's whole vectors, then read back as stored
+                    _chain_in_place(k, acc, 0, plan.acc_floats, extras, [n, c, _c(0), _c(0)], "dw.epi",
+                                    (("llvm.loop.vectorize.width", lanes), ("llvm.loop.interleave.count", 1)))
+                    sums = [b.load(b.bitcast(b.gep(acc, [_c(d)], inbounds=True), vec.as_pointer()), align=4 * lanes)
+                            for d in range(0, plan.acc_floats, lanes)]
+                _store_row(b, sums, b.gep(y_plane, [b.mul(oh, _c(ow_n))], inbounds=True), ow_n)
+            else:
+                with packed.for_range(b, 0, ow_n, name="dw.ow") as ow:
+                    v = b.load(b.gep(acc, [ow], inbounds=True))
+                    if chain:
+                        v = evaluate_chain(k, chain, {k.node.attrs["epilogue_acc"]: v}, extras, [n, c, oh, ow])
+                    b.store(v, b.gep(y_plane, [b.add(b.mul(oh, _c(ow_n)), ow)], inbounds=True))
         return
     with packed.for_range(b, 0, flat, lanes, name="dw.f") as f:
         s = _step(b, work, f, taps, weights, start, fma, vec)
@@ -286,6 +302,22 @@ def _plane(k: KernelBuilder, plan: DepthwisePlan, pn: ir.Value, work: ir.Value, 
             if chain and not flat_chain:
                 v = evaluate_chain(k, chain, {k.node.attrs["epilogue_acc"]: v}, extras, [n, c, oh, ow])
             b.store(v, b.gep(y_plane, [b.add(b.mul(oh, _c(ow_n)), ow)], inbounds=True))
+
+
+def _store_row(b: ir.IRBuilder, sums: list[ir.Value], y_row: ir.Value, width: int) -> None:
+    """An output row of ``width`` floats from its accumulator vectors, straight from the
+    registers: whole vectors stored as they are, the last partial one with a masked store."""
+    vec = sums[0].type
+    for q, v in enumerate(sums):
+        d = q * vec.count
+        if d >= width:
+            break
+        ptr = b.bitcast(b.gep(y_row, [_c(d)], inbounds=True), vec.as_pointer())
+        if d + vec.count <= width:
+            b.store(v, ptr, align=4)
+        else:
+            store, mask = _masked(b, "store", vec, [d + u < width for u in range(vec.count)])
+            b.call(store, [v, ptr, ir.Constant(ir.IntType(32), 4), mask])
 
 
 def _step(b: ir.IRBuilder, work: ir.Value, f: ir.Value, taps: list[tuple[int, int, int]], weights: list[ir.Value],

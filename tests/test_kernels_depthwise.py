@@ -80,7 +80,7 @@ def test_depthwise_matches_onnxruntime(xs, ks, attrs) -> None:
     assert max(errs.values()) <= TOL, errs
 
 
-@pytest.mark.parametrize("width", [13, 37], ids=["flat", "rowwise"])
+@pytest.mark.parametrize("width", [13, 37, 63], ids=["flat", "rowwise", "rowwise-whole"])
 @pytest.mark.parametrize("chain", ["relu6", "silu", "scale", "residual"])
 def test_depthwise_fused_chains(chain, width) -> None:
     errs = compile_and_compare(_dw_model((1, 20, 11, width), (3, 3), {"pads": [1, 1, 1, 1], "strides": [2, 2]}, chain=chain),
@@ -104,7 +104,7 @@ def test_depthwise_silu_after_the_crop_is_interleaved(tmp_path) -> None:
     """The SiLU loop over a group's cropped 7x7 outputs carries an ``llvm.loop.interleave.count``
     hint (a distinct self-referential loop ID) and LLVM keeps that many logistic divisions in
     flight; rows of a vector or more (28 wide: row-wise on AVX2 and AVX-512 alike; 14 is a
-    flat plane on AVX-512's 16 lanes) keep the chain in their row loop (no such loop)."""
+    flat plane on AVX-512's 16 lanes) keep the chain per row (no such loop)."""
     import re
 
     from polyml.kernels.depthwise import CHAIN_INTERLEAVE
@@ -125,6 +125,38 @@ def test_depthwise_silu_after_the_crop_is_interleaved(tmp_path) -> None:
     assert len(re.findall(r"fdiv[^\n]*<\d+ x float>", opt)) >= CHAIN_INTERLEAVE
     ll, _ = build(28)
     assert not re.search(hint, ll)
+
+
+def test_depthwise_rows_stored_from_registers(tmp_path) -> None:
+    """On AVX-512 a row-wise plane stores each output row from the accumulator's vectors (the
+    last lanes by a masked store) after a per-channel chain on the row's whole vectors (a loop
+    of 16-lane steps, no remainder), instead of a scalar crop loop reading the row back (a
+    store-to-load forward that failed on every row: 3x3 192 @28 0.76x the time); a chain
+    reading a full-size input (a residual) keeps the crop loop."""
+    import re
+
+    from polyml.kernels.conv import conv_window
+    from polyml.kernels.depthwise import depthwise_plan
+
+    from polyml.codegen import gemm as packed
+    from polyml.compiler import compile as polyml_compile
+
+    node = Node("c", "Conv", ["x", "w"], ["y"], {"group": 8, "pads": [1, 1, 1, 1]})
+    x, w = TensorType((1, 8, 28, 28)), TensorType((8, 1, 3, 3))
+    with packed.packed_gemm(True):
+        lanes = depthwise_plan(node, x, w, conv_window(node, x, w)).lanes
+    for chain, registers in (("relu6", True), ("residual", False)):
+        path = tmp_path / f"{chain}.onnx"
+        model = _dw_model((1, 8, 28, 28), (3, 3), {"pads": [1, 1, 1, 1]}, chain=chain)
+        onnx.save(model, str(path))
+        out = tmp_path / chain
+        polyml_compile(path, out, emit=["ll"], cache=False, threads=1)
+        ll = "".join(p.read_text() for p in out.glob("ops.off*.ll") if ".opt." not in p.name)
+        from_registers = lanes == 16 and registers
+        assert ('"dw.ow' in ll) != from_registers, chain  # the crop loop
+        assert bool(re.search(r'!\{ ?!"llvm.loop.vectorize.width", i32 16 ?\}', ll)) == from_registers, chain
+        errs = compile_and_compare(model, threads=1, cache=False)
+        assert max(errs.values()) <= TOL, errs
 
 
 def test_depthwise_no_bias_one_thread() -> None:
