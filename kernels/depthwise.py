@@ -75,6 +75,8 @@ CHAIN_INTERLEAVE = int(os.environ.get("POLYML_DW_CHAIN_INTERLEAVE", "4"))
 #: vector masked, instead of a scalar crop loop reading the row back from the accumulator
 #: (``POLYML_DW_ROW_VECTORS=0`` for the crop loop, for A/B measurements)
 ROW_VECTOR_STORES = os.environ.get("POLYML_DW_ROW_VECTORS", "1") != "0"
+#: :attr:`DepthwisePlan.interleaved`
+INTERLEAVE_COPY = os.environ.get("POLYML_DW_INTERLEAVE", "1") != "0"
 
 
 @dataclass(frozen=True)
@@ -138,6 +140,18 @@ class DepthwisePlan:
     @property
     def per_plane(self) -> int:
         return self.in_floats + self.acc_floats
+
+    @property
+    def interleaved(self) -> bool:
+        """Row-wise planes copied in one at a time (:attr:`group` 1: planes larger than
+        :data:`GROUP_FLOATS`) copy each input row just before the first output row that reads
+        it, so the rows are read from L1 and the input's loads overlap the FMAs.  Strided rows
+        on AVX-512 only (sixteenth session, MobileNetV2 at 2 threads, per step, minimum of 12,
+        interleaved / whole plane: 3x3/2 96 @112 0.82-0.83, the model 0.99-1.0; EfficientNet-B0's
+        with SiLU 1.01; unstrided 3x3 32 @112 1.12-1.24; AVX2 not measured).
+        ``POLYML_DW_INTERLEAVE=0``: the whole plane first, for A/B measurements."""
+        return (INTERLEAVE_COPY and self.rowwise and self.group == 1 and self.phases[0] > 1
+                and self.lanes > UNALIGNED_MAX_LANES)
 
     @property
     def group(self) -> int:
@@ -207,11 +221,16 @@ def convolve_depthwise(k: KernelBuilder, plan: DepthwisePlan, scratch: Buffer) -
         hi = b.select(b.icmp_signed("<", b.add(lo, _c(share)), _c(planes)), b.add(lo, _c(share)), _c(planes))
         with packed.for_range(b, lo, hi, plan.group, name="dw.group") as g0:
             g1 = b.select(b.icmp_signed("<", b.add(g0, _c(plan.group)), hi), b.add(g0, _c(plan.group)), hi)
-            with packed.for_range(b, g0, g1, name="dw.copy") as pn:
-                work = b.gep(base, [b.mul(b.sub(pn, g0), _c(plan.per_plane))], inbounds=True)
-                _copy_in(b, plan, b.gep(b.bitcast(x.ptr, f32p), [b.mul(pn, _c(h * wd))], inbounds=True), work)
+            def source(pn: ir.Value) -> ir.Value:
+                return b.gep(b.bitcast(x.ptr, f32p), [b.mul(pn, _c(h * wd))], inbounds=True)
+
+            if not plan.interleaved:
+                with packed.for_range(b, g0, g1, name="dw.copy") as pn:
+                    work = b.gep(base, [b.mul(b.sub(pn, g0), _c(plan.per_plane))], inbounds=True)
+                    _copy_in(b, plan, source(pn), work)
             with packed.for_range(b, g0, g1, name="dw.plane") as pn:
-                _plane(k, plan, pn, b.gep(base, [b.mul(b.sub(pn, g0), _c(plan.per_plane))], inbounds=True), fma, vec)
+                _plane(k, plan, pn, b.gep(base, [b.mul(b.sub(pn, g0), _c(plan.per_plane))], inbounds=True), fma, vec,
+                       source(pn) if plan.interleaved else None)
             if _chain_after_crop(k, plan):  # the group's planes are contiguous in y: one loop
                 per = math.prod(win.out)
                 _chain_in_place(k, b.bitcast(k.outputs[0].ptr, f32p), b.mul(g0, _c(per)), b.mul(g1, _c(per)), {},
@@ -246,8 +265,10 @@ def _chain_after_crop(k: KernelBuilder, plan: DepthwisePlan) -> bool:
 
 
 def _plane(k: KernelBuilder, plan: DepthwisePlan, pn: ir.Value, work: ir.Value, fma: ir.Function,
-           vec: ir.VectorType) -> None:
-    """Accumulate, epilogue and crop of plane ``pn`` whose phase-split copy is at ``work``."""
+           vec: ir.VectorType, src: ir.Value | None = None) -> None:
+    """Accumulate, epilogue and crop of plane ``pn`` whose phase-split copy is at ``work``
+    (with ``src``, its input plane: :attr:`DepthwisePlan.interleaved`, each output row copies
+    the input rows it is the first to read just before it is computed)."""
     b, win = k.b, plan.win
     w, y = k.inputs[1], k.outputs[0]
     bias = k.inputs[2] if len(k.inputs) > 2 else None
@@ -268,7 +289,15 @@ def _plane(k: KernelBuilder, plan: DepthwisePlan, pn: ir.Value, work: ir.Value, 
         # and the store of the row; no plane-sized accumulator pass
         y_plane = b.gep(b.bitcast(y.ptr, f32p), [b.mul(pn, _c(oh_n * ow_n))], inbounds=True)
         whole_vectors = ROW_VECTOR_STORES and lanes > UNALIGNED_MAX_LANES and (not chain or flat_chain)
+        sh, last_tap = plan.phases[0], (kh - 1) * win.dilations[0]
+        if src is not None:  # the padded rows before the ones output row 0 is the first to read
+            for r in range(last_tap - sh + 1):
+                _copy_padded_row(b, plan, src, work, _c(r), r % sh)
         with packed.for_range(b, 0, oh_n, name="dw.oh") as oh:
+            if src is not None:  # padded rows oh·sh + last_tap - t, t < sh: first read by this row
+                for t in range(sh):
+                    r = b.add(b.mul(oh, _c(sh)), _c(last_tap - t))
+                    _copy_padded_row(b, plan, src, work, r, (last_tap - t) % sh)
             row = b.mul(oh, _c(pitch))
             sums = []
             for d in range(0, plan.acc_floats, lanes):
@@ -355,42 +384,62 @@ def _step(b: ir.IRBuilder, work: ir.Value, f: ir.Value, taps: list[tuple[int, in
 
 def _copy_in(b: ir.IRBuilder, plan: DepthwisePlan, src: ir.Value, work: ir.Value) -> None:
     """The interior of ``xph`` from one input plane: for each row phase ``pr``, the padded
-    rows ``r = pr + sh·i`` that hold input rows (``0 ≤ r - pt < H``, ``r < Hreq``), and in each
-    the columns ``q = pc + sw·j`` likewise, ``xph[pr][pc][i][j] = x[r-pt][q-pl]``.  The column
+    rows ``r = pr + sh·i`` that hold input rows (``0 ≤ r - pt < H``, ``r < Hreq``), each by
+    :func:`_copy_row`."""
+    sh, h = plan.phases[0], plan.win.size[0]
+    for pr in range(sh):
+        i0, i1 = _phase_range(pr, sh, plan.win.pads_begin[0], h, plan.win.required[0])
+        if i1 > i0:
+            with packed.for_range(b, i0, i1, name="dw.ci") as i:
+                _copy_row(b, plan, src, work, pr, i)
+
+
+def _copy_padded_row(b: ir.IRBuilder, plan: DepthwisePlan, src: ir.Value, work: ir.Value, r: ir.Value,
+                     phase: int) -> None:
+    """Padded row ``r`` (a run-time value whose row phase ``r mod sh`` is ``phase``) into
+    ``xph`` if it holds an input row (else it is padding, zeroed once per thread)."""
+    sh = plan.phases[0]
+    i0, i1 = _phase_range(phase, sh, plan.win.pads_begin[0], plan.win.size[0], plan.win.required[0])
+    if i1 <= i0:
+        return
+    i = b.sdiv(b.sub(r, _c(phase)), _c(sh))
+    inside = b.and_(b.icmp_signed(">=", i, _c(i0)), b.icmp_signed("<", i, _c(i1)))
+    with b.if_then(inside):
+        _copy_row(b, plan, src, work, phase, i)
+
+
+def _copy_row(b: ir.IRBuilder, plan: DepthwisePlan, src: ir.Value, work: ir.Value, pr: int, i: ir.Value) -> None:
+    """Padded row ``r = pr + sh·i`` (an input row) into its phase rows: the columns
+    ``q = pc + sw·j`` that hold input columns, ``xph[pr][pc][i][j] = x[r-pt][q-pl]``.  The column
     phases are filled in one loop over ``j`` where all of them have an element (an interleave
     group of factor ``sw``: LLVM loads whole vectors and deinterleaves them with shuffles; one
     loop per phase reading every ``sw``-th float ran the 3x3/2 copy 3-4x slower), the few
     columns where only some phases have one in short loops of their own."""
     win = plan.win
-    (h, wd), (sh, sw), (pt, pl), (rq_h, rq_w) = win.size, plan.phases, win.pads_begin, win.required
+    (wd, (sh, sw), (pt, pl), rq_w) = win.size[1], plan.phases, win.pads_begin, win.required[1]
     rows, pitch = plan.rows, plan.pitch
+    src_row = b.gep(src, [b.mul(b.add(b.mul(i, _c(sh)), _c(pr - pt)), _c(wd))], inbounds=True)
+    dst_rows = [b.gep(work, [b.add(b.mul(i, _c(pitch)), _c((pr * sw + pc) * rows * pitch))], inbounds=True)
+                for pc in range(sw)]
+    if sw <= VECTOR_ROW_MAX_STRIDE:
+        _copy_row_vectors(b, plan, src_row, dst_rows)
+        return
     spans = [_phase_range(pc, sw, pl, wd, rq_w) for pc in range(sw)]
     common = (max(lo for lo, _ in spans), min(hi for _, hi in spans))
-    for pr in range(sh):
-        i0, i1 = _phase_range(pr, sh, pt, h, rq_h)
-        if i1 <= i0:
-            continue
-        with packed.for_range(b, i0, i1, name="dw.ci") as i:
-            src_row = b.gep(src, [b.mul(b.add(b.mul(i, _c(sh)), _c(pr - pt)), _c(wd))], inbounds=True)
-            dst_rows = [b.gep(work, [b.add(b.mul(i, _c(pitch)), _c((pr * sw + pc) * rows * pitch))], inbounds=True)
-                        for pc in range(sw)]
-            if sw <= VECTOR_ROW_MAX_STRIDE:
-                _copy_row_vectors(b, plan, src_row, dst_rows)
-                continue
 
-            def copy(j: ir.Value, pc: int, src_row: ir.Value = src_row, dst_rows: list = dst_rows) -> None:
-                v = b.load(b.gep(src_row, [b.add(b.mul(j, _c(sw)), _c(pc - pl))], inbounds=True))
-                b.store(v, b.gep(dst_rows[pc], [j], inbounds=True))
+    def copy(j: ir.Value, pc: int) -> None:
+        v = b.load(b.gep(src_row, [b.add(b.mul(j, _c(sw)), _c(pc - pl))], inbounds=True))
+        b.store(v, b.gep(dst_rows[pc], [j], inbounds=True))
 
-            if common[1] > common[0]:
-                with packed.for_range(b, common[0], common[1], name="dw.cj") as j:
-                    for pc in range(sw):
-                        copy(j, pc)
-            for pc, (lo, hi) in enumerate(spans):
-                for a, z in ((lo, min(hi, common[0])), (max(lo, common[1]), hi)) if common[1] > common[0] else ((lo, hi),):
-                    if z > a:
-                        with packed.for_range(b, a, z, name="dw.ce") as j:
-                            copy(j, pc)
+    if common[1] > common[0]:
+        with packed.for_range(b, common[0], common[1], name="dw.cj") as j:
+            for pc in range(sw):
+                copy(j, pc)
+    for pc, (lo, hi) in enumerate(spans):
+        for a, z in ((lo, min(hi, common[0])), (max(lo, common[1]), hi)) if common[1] > common[0] else ((lo, hi),):
+            if z > a:
+                with packed.for_range(b, a, z, name="dw.ce") as j:
+                    copy(j, pc)
 
 
 def _masked(b: ir.IRBuilder, name: str, vec: ir.VectorType, lanes_on: list[bool]) -> tuple[ir.Function, ir.Constant]:

@@ -38,6 +38,11 @@ CASES = [
     ((1, 3, 20, 66), (3, 3), {"pads": [2, 2, 2, 2], "dilations": [2, 2]}),
     ((1, 2, 13, 100), (3, 3), {"pads": [1, 1, 1, 1], "strides": [3, 3]}),  # stride 3: scalar copy loops
     ((1, 6, 8, 35), (3, 3), {"auto_pad": "SAME_LOWER", "strides": [2, 2]}),
+    # strided planes too large to copy in groups: each input row copied just before the first
+    # output row that reads it (DepthwisePlan.interleaved)
+    ((1, 3, 111, 113), (3, 3), {"pads": [1, 0, 1, 1], "strides": [2, 2]}),
+    ((2, 2, 120, 100), (5, 5), {"pads": [2, 2, 2, 2], "strides": [2, 2]}),
+    ((1, 2, 150, 120), (3, 3), {"pads": [1, 1, 1, 1], "strides": [3, 2], "dilations": [2, 1]}),
 ]
 
 
@@ -157,6 +162,27 @@ def test_depthwise_rows_stored_from_registers(tmp_path) -> None:
         assert bool(re.search(r'!\{ ?!"llvm.loop.vectorize.width", i32 16 ?\}', ll)) == from_registers, chain
         errs = compile_and_compare(model, threads=1, cache=False)
         assert max(errs.values()) <= TOL, errs
+
+
+def test_depthwise_interleaved_copy_choice() -> None:
+    """Row-wise planes with a row stride, one plane at a time (larger than GROUP_FLOATS), copy
+    their input rows as the output rows need them on AVX-512; unstrided rows and small planes
+    copy whole planes first."""
+    from polyml.kernels.conv import conv_window
+    from polyml.kernels.depthwise import GROUP_FLOATS, depthwise_plan
+
+    from polyml.codegen import gemm as packed
+
+    def plan(size: int, stride: int):
+        node = Node("c", "Conv", ["x", "w"], ["y"], {"group": 96, "pads": [1, 1, 1, 1], "strides": [stride] * 2})
+        x, w = TensorType((1, 96, size, size)), TensorType((96, 1, 3, 3))
+        with packed.packed_gemm(True):
+            return depthwise_plan(node, x, w, conv_window(node, x, w))
+
+    big = plan(112, 2)
+    assert big.per_plane > GROUP_FLOATS and big.group == 1 and big.interleaved == (big.lanes == 16)
+    assert not plan(112, 1).interleaved  # unstrided rows: the whole plane first
+    assert not plan(28, 2).interleaved  # small planes: copied in groups
 
 
 def test_depthwise_no_bias_one_thread() -> None:
