@@ -21,7 +21,10 @@ row of its window, which is also a tap (dilation 1), so the max is unchanged: re
 the unrolled form's bit for bit (up to which of ``-0.0``/``+0.0`` a tie keeps).  The CUDA
 build (whose kernels address buffer arguments only, no stack row) takes the unrolled form
 there, reading the input through :class:`GuardedSource` instead of a padded copy.
-AveragePool always takes the forms above.
+On AVX-512, float32 max pools of stride 2 along the row with 2 or 3 taps there and dilation 1
+(ResNet's, SqueezeNet's, Inception's) keep the row in registers instead (:func:`_max_rows_vectors`):
+the leading taps' maxima of 16 input columns at a time, split into even and odd columns by one
+shuffle each; without padding at any output width.  AveragePool always takes the forms above.
 
 All nests run in parallel over ``(n, c)`` when the pool is large enough to pay for a parallel
 region (:func:`polyml.kernels.conv.copy_parallel`).
@@ -47,12 +50,13 @@ padded copies) are dismissed as SCoPs, so ``polly``/``tile``/``off`` measured th
 from __future__ import annotations
 
 import math
+import os
 from collections.abc import Callable
 
 import llvmlite.ir as ir
 import numpy as np
 from polyml.kernels import Kernel, Operand, register
-from polyml.kernels.conv import Window, affine, copy_parallel, make_window, nest, padded_source, view
+from polyml.kernels.conv import Window, _isa, affine, copy_parallel, make_window, nest, padded_source, view
 from polyml.kernels.fused import evaluate_chain
 from polyml.kernels.reduce import vmax
 
@@ -73,6 +77,12 @@ MAX_ROW = 1 << 14
 #: from 16 columns the unrolled nest is as fast or faster: 2x2/2 128@32 0.013 vs 0.017,
 #: 256@56 0.053 vs 0.083, 3x3/2 256@40 0.049 vs 0.076, 128@55 and 64@111 tie)
 ROWS_MAX_UNPADDED_WIDTH = 15
+#: :func:`_max_rows_vectors` for the pools it applies to: the separable ones and, without
+#: padding, any output width (sixteenth session, SqueezeNet's 3x3/2 pools per step at 2
+#: threads, minimum of 20: 27x27 -> 13x13 0.50 against the row loops, 111 -> 55 and 55 -> 27
+#: 0.78 against the unrolled nest; ResNet-50's padded 112 -> 56 alone 0.96-1.03).
+#: ``POLYML_POOL_ROW_VECTORS=0``: off, for A/B measurements
+ROW_VECTORS = os.environ.get("POLYML_POOL_ROW_VECTORS", "1") != "0"
 
 NEG_INF = float("-inf")
 
@@ -186,11 +196,90 @@ def _unroll_disabled(module: ir.Module, tag: str) -> ir.MDValue:
     return loop
 
 
+#: lanes of the explicit vectors of :func:`_max_rows_vectors` (AVX-512)
+ROW_LANES = 16
+
+
+def _row_vectors_apply(x: Buffer | ChainSource, win: Window) -> bool:
+    """Whether :func:`_max_rows_vectors` computes this (separable) max pool: AVX-512, float32
+    read from a stored tensor (no prologue chain), two spatial dims, a last dim of stride 2,
+    dilation 1 and 2 or 3 taps (``POLYML_POOL_ROW_VECTORS=0``: the row loops, to compare)."""
+    return (ROW_VECTORS and isinstance(x, Buffer) and x.type.dtype == "float32" and win.rank == 2
+            and win.strides[-1] == 2 and win.dilations[-1] == 1 and win.kernel[-1] in (2, 3) and _isa() == "avx512")
+
+
+def _max_rows_vectors(k: KernelBuilder, x: Buffer, y: Buffer, win: Window, identity: float,
+                      combine: Callable[[ir.Value, ir.Value], ir.Value]) -> None:
+    """:func:`_max_rows` in registers: per output row and block of 16 outputs ``o0..``, the
+    maxima over the leading taps of the input columns ``c = 2·o0 - pb ..`` as vectors (masked
+    loads, the identity outside the row), split into even and odd columns by one shuffle each,
+    ``y[o] = max(even[o], odd[o], even[o + 1])`` (the third tap: ``even`` shifted by a lane,
+    its last lane from the next block's first), stored whole or masked.  The row loops' stack
+    row came back through gathers that LLVM made of the masked stride-2 loop, each waiting on
+    the row's stores (sixteenth session, SqueezeNet's 3x3/2 on 27x27)."""
+    from polyml.kernels.depthwise import _masked
+
+    lanes = ROW_LANES
+    vec = ir.VectorType(ir.FloatType(), lanes)
+    width, ow_n, pb, kw = win.size[-1], win.out[-1], win.pads_begin[-1], win.kernel[-1]
+    f32p = ir.FloatType().as_pointer()
+    fill = ir.Constant(vec, [identity] * lanes)
+    align = ir.Constant(ir.IntType(32), 4)
+    with nest(k, [*y.shape[:-1]], names=["n", "c", "oh"], parallel=copy_parallel(x.shape)) as ix:
+        b = k.b  # the nest's builder (a parallel nest outlines its body)
+        n, c, oh = (k.i64(i) if isinstance(i, int) else i for i in ix)
+        plane = b.add(b.mul(n, k.i64(x.shape[1])), c)
+        rows = [_clamped_rows(k, win, [oh], (int(j),))[0] for j in range(win.kernel[0])]
+        row_ptrs = [b.gep(b.bitcast(x.ptr, f32p), [b.mul(b.add(b.mul(plane, k.i64(win.size[0])), r), k.i64(width))],
+                          inbounds=True) for r in rows]
+        y_row = b.gep(b.bitcast(y.ptr, f32p), [b.mul(b.add(b.mul(plane, k.i64(y.shape[2])), oh), k.i64(ow_n))],
+                      inbounds=True)
+        columns: dict[int, ir.Value] = {}
+
+        def column_max(col: int) -> ir.Value:
+            """Max over the leading taps of input columns col .. col + 15 (identity outside)."""
+            if col not in columns:
+                on = [0 <= col + u < width for u in range(lanes)]
+                acc = None
+                if any(on):
+                    for ptr in row_ptrs:
+                        first = max(col, 0) if all(on) else col
+                        at = b.bitcast(b.gep(ptr, [k.i64(first)], inbounds=all(on)), vec.as_pointer())
+                        if all(on):
+                            v = b.load(at, align=4)
+                        else:
+                            load, mask = _masked(b, "load", vec, on)
+                            v = b.call(load, [at, align, mask, fill])
+                        acc = v if acc is None else combine(acc, v)
+                columns[col] = acc if acc is not None else fill
+            return columns[col]
+
+        int_vec = ir.VectorType(ir.IntType(32), lanes)
+        for o0 in range(0, ow_n, lanes):
+            c0 = 2 * o0 - pb
+            a, z = column_max(c0), column_max(c0 + lanes)
+            even = b.shuffle_vector(a, z, ir.Constant(int_vec, list(range(0, 2 * lanes, 2))))
+            out = combine(even, b.shuffle_vector(a, z, ir.Constant(int_vec, list(range(1, 2 * lanes, 2)))))
+            if kw == 3:
+                after = column_max(c0 + 2 * lanes)
+                out = combine(out, b.shuffle_vector(even, after, ir.Constant(int_vec, list(range(1, lanes + 1)))))
+            at = b.bitcast(b.gep(y_row, [k.i64(o0)], inbounds=True), vec.as_pointer())
+            if o0 + lanes <= ow_n:
+                b.store(out, at, align=4)
+            else:
+                store, mask = _masked(b, "store", vec, [o0 + u < ow_n for u in range(lanes)])
+                b.call(store, [out, at, align, mask])
+
+
 def _max_rows(k: KernelBuilder, x: Buffer | ChainSource, y: Buffer, win: Window, identity: float,
               combine: Callable[[ir.Value, ir.Value], ir.Value]) -> None:
     """Max pooling row by row (the module docstring): per ``(n, c, o')``
     ``row[p] = max_{j'} x[n, c, o'*s' + j'*d' - pb', p - pb]`` over the input columns ``p - pb``
-    (the identity on the rest of ``row``), then ``y[n, c, o', o] = max_j row[o*s + j*d]``."""
+    (the identity on the rest of ``row``), then ``y[n, c, o', o] = max_j row[o*s + j*d]``.
+    AVX-512 float32 pools of stride 2 along the row: :func:`_max_rows_vectors`."""
+    if _row_vectors_apply(x, win):
+        _max_rows_vectors(k, x, y, win, identity, combine)
+        return
     dtype = x.type.dtype
     lead = win.rank - 1
     width, pb = win.required[-1], win.pads_begin[-1]
@@ -308,8 +397,12 @@ class _Pool(Kernel):
             return k.b.fadd(acc, v)
 
         r = win.rank
+        host = not isinstance(k, GpuKernelBuilder)
+        if self.is_max and host and not win.needs_copy() and _row_vectors_apply(x, win):
+            _max_rows_vectors(k, x, y, win, identity, combine)  # any width (see ROW_VECTORS)
+            return
         if self.is_max and separable_max(win):  # no temp (see temps)
-            if not isinstance(k, GpuKernelBuilder):
+            if host:
                 _max_rows(k, x, y, win, identity, combine)
                 return
             if win.needs_copy():

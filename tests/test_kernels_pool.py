@@ -124,6 +124,12 @@ MAX_EXACT = [
     # unpadded at the width where the unrolled nest takes over
     ((1, 2, 5, 31), {"kernel_shape": [3, 3], "strides": [2, 2]}, True),
     ((1, 2, 5, 33), {"kernel_shape": [3, 3], "strides": [2, 2]}, False),
+    # SqueezeNet's pools (float32 on AVX-512: in registers, any width; _max_rows_vectors):
+    # one masked block, a whole and a masked block, four blocks
+    ((1, 8, 27, 27), {"kernel_shape": [3, 3], "strides": [2, 2]}, True),
+    ((1, 4, 55, 55), {"kernel_shape": [3, 3], "strides": [2, 2]}, False),
+    ((1, 2, 9, 111), {"kernel_shape": [3, 3], "strides": [2, 2]}, False),
+    ((1, 3, 10, 64), {"kernel_shape": [2, 2], "strides": [2, 2]}, False),
 ]
 DTYPES_8 = ["float32", "int8", "uint8"]
 
@@ -172,6 +178,23 @@ def test_maxpool_exact_cuda_emulated(idx, dtype, tmp_path) -> None:
     assert row
     feeds = typed_feed(xs, dtype, seed=2)
     check_exact(node_model("MaxPool", feeds, opset=_opset(attrs), **attrs), feeds, tmp_path, target="cuda-emulated")
+
+
+def test_maxpool_rows_in_registers(tmp_path) -> None:
+    """On AVX-512 a float32 3x3/2 max pool splits the rows' column maxima into even and odd
+    columns by shuffles and stores the last block masked: no gathers (the row loops' stride-2
+    pass read its stack row through them) and no stack row."""
+    from polyml.kernels.conv import _isa
+
+    feeds = typed_feed((1, 8, 27, 27), "float32")
+    model = node_model("MaxPool", feeds, kernel_shape=[3, 3], strides=[2, 2])
+    onnx.save(model, str(tmp_path / "m.onnx"))
+    polyml_compile(tmp_path / "m.onnx", tmp_path / "build", emit=["ll"], threads=1)
+    opt = "".join(p.read_text() for p in (tmp_path / "build").glob("ops.off*.opt.ll"))
+    if _isa() != "avx512":
+        pytest.skip("the register form is AVX-512's")
+    assert "llvm.masked.gather" not in opt and "pool.row" not in opt
+    assert "shufflevector <16 x float>" in opt and "llvm.masked.store" in opt
 
 
 @pytest.mark.parametrize("threads", [1, 0])
