@@ -658,8 +658,9 @@ class PointwiseRule:
 #: 0.59; whole models 0.95, 0.98, 0.99, 1.00: the direct nests' 8-channel blocks stream all of
 #: x once per block, 128 rows at a time, where the GEMM packs it once; but 480->16 @13, whose
 #: x fits L2, 2.4).  One thread: only from 128 input channels (SqueezeNet's 128->16 @55 0.90,
-#: its 64->16 @55 1.24, MobileNetV2's 32->16 @112 1.12).  The seventh session kept maps of up to 196 positions (14x14, 13x13, 7x7)
-#: on the direct nests, whose GEMM then padded 196 positions to 224 and 49 to 64 (single
+#: its 64->16 @55 1.24, MobileNetV2's 32->16 @112 1.12).  The seventh session kept maps of up
+#: to 196 positions (14x14, 13x13, 7x7) on the direct nests, whose GEMM then padded 196
+#: positions to 224 and 49 to 64 (single
 #: layers, 2 threads: 1024->256 @14 0.60-0.63 -> 0.53 ms, 320->1280 @7 0.28 -> 0.25); since the
 #: GEMM's narrow and short edge kernels (twelfth session) it beats them inside the models
 #: (fifteenth session, Sapphire Rapids class host, whole models alternated in one process,
@@ -667,8 +668,8 @@ class PointwiseRule:
 #: 512->2048 @7 0.74-0.99), 0.97 at 2; MobileNetV2 0.92-0.95 at 1 and 2 threads; SqueezeNet
 #: 0.97-0.99 at 1 (its 13x13 steps 0.79-0.91); EfficientNet-B0 0.98-0.99; Inception-v2 and
 #: DenseNet-121 1.00).  1x1 maps (squeeze-excitation) stay direct, as on AVX2.  Strided ones
-#: direct (ninth session: 1x1/2 1024->2048 @14 2.63 -> 2.22 ms against the GEMM on
-#: stride-phase planes, 1 thread).  AVX2 (no AVX-512): the direct nests' register block is
+#: take the GEMM on outputs of 128 positions or more (sixteenth session; :func:`prefer_gemm`
+#: has the figures), 7x7 outputs stay direct.  AVX2 (no AVX-512): the direct nests' register block is
 #: 4 channels x 16 columns against the GEMM's 6x16 tile, and the GEMM wins everywhere from 16
 #: channels (tenth session, single layers with ReLU/ReLU6, 1 thread CPU time, minimum of 30,
 #: GEMM / direct: 1024->256 @14 0.29, 2048->512 @7 0.37, 512->2048 @7 0.34, 64->384 @14 0.44,
