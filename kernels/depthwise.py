@@ -45,7 +45,7 @@ from polyml.kernels.conv import VECTOR_LANES, Window, _isa
 from polyml.kernels.fused import evaluate_chain
 
 from polyml.codegen import gemm as packed
-from polyml.codegen.builder import F32, I64, Buffer, KernelBuilder, splat
+from polyml.codegen.builder import F32, I64, Buffer, KernelBuilder, masked_intrinsic, splat
 from polyml.graph import Node, TensorType
 
 #: planes·taps·outputs below which the convolution runs on one thread (the fork/join of a
@@ -345,7 +345,7 @@ def _store_row(b: ir.IRBuilder, sums: list[ir.Value], y_row: ir.Value, width: in
         if d + vec.count <= width:
             b.store(v, ptr, align=4)
         else:
-            store, mask = _masked(b, "store", vec, [d + u < width for u in range(vec.count)])
+            store, mask = masked_intrinsic(b, "store", vec, [d + u < width for u in range(vec.count)])
             b.call(store, [v, ptr, ir.Constant(ir.IntType(32), 4), mask])
 
 
@@ -442,20 +442,6 @@ def _copy_row(b: ir.IRBuilder, plan: DepthwisePlan, src: ir.Value, work: ir.Valu
                     copy(j, pc)
 
 
-def _masked(b: ir.IRBuilder, name: str, vec: ir.VectorType, lanes_on: list[bool]) -> tuple[ir.Function, ir.Constant]:
-    """The ``llvm.masked.{load,store}`` intrinsic for ``vec`` and the constant lane mask."""
-    module = b.module
-    mask_t = ir.VectorType(ir.IntType(1), vec.count)
-    ptr_t = vec.as_pointer()
-    fname = f"llvm.masked.{name}.v{vec.count}f32.p0v{vec.count}f32"
-    if name == "load":
-        fty = ir.FunctionType(vec, [ptr_t, ir.IntType(32), mask_t, vec])
-    else:
-        fty = ir.FunctionType(ir.VoidType(), [vec, ptr_t, ir.IntType(32), mask_t])
-    fn = module.globals.get(fname) or ir.Function(module, fty, fname)
-    return fn, ir.Constant(mask_t, [int(on) for on in lanes_on])
-
-
 def _copy_row_vectors(b: ir.IRBuilder, plan: DepthwisePlan, src_row: ir.Value, dst_rows: list[ir.Value]) -> None:
     """One input row into its ``sw`` phase rows with whole vectors: chunks of ``L·sw`` input
     floats are loaded (masked past the row's used columns), split into the ``sw`` column phases
@@ -490,7 +476,7 @@ def _copy_row_vectors(b: ir.IRBuilder, plan: DepthwisePlan, src_row: ir.Value, d
                     v = b.insert_element(v, b.load(b.gep(src, [_c(u)], inbounds=True)), ir.Constant(ir.IntType(32), u))
                 parts.append(v)
             else:
-                load, mask = _masked(b, "load", vec, on)
+                load, mask = masked_intrinsic(b, "load", vec, on)
                 parts.append(b.call(load, [ptr, align, mask, ir.Constant(vec, None)]))
         for pc in range(sw):
             t0 = (pc - pl) % sw
@@ -510,7 +496,7 @@ def _copy_row_vectors(b: ir.IRBuilder, plan: DepthwisePlan, src_row: ir.Value, d
                 for u in (u for u, lane_on in enumerate(on) if lane_on):
                     b.store(b.extract_element(v, ir.Constant(ir.IntType(32), u)), b.gep(dst, [_c(u)], inbounds=True))
             else:
-                store, mask = _masked(b, "store", vec, on)
+                store, mask = masked_intrinsic(b, "store", vec, on)
                 b.call(store, [v, ptr, align, mask])
 
 

@@ -60,7 +60,7 @@ from polyml.kernels.conv import Window, _isa, affine, copy_parallel, make_window
 from polyml.kernels.fused import evaluate_chain
 from polyml.kernels.reduce import vmax
 
-from polyml.codegen.builder import REASSOC, Buffer, KernelBuilder, constant, is_float, llvm_type
+from polyml.codegen.builder import REASSOC, Buffer, KernelBuilder, constant, is_float, llvm_type, masked_intrinsic
 from polyml.errors import GraphError, ShapeError
 from polyml.gpu.builder import GpuKernelBuilder
 from polyml.graph import Node, TensorType
@@ -217,8 +217,6 @@ def _max_rows_vectors(k: KernelBuilder, x: Buffer, y: Buffer, win: Window, ident
     its last lane from the next block's first), stored whole or masked.  The row loops' stack
     row came back through gathers that LLVM made of the masked stride-2 loop, each waiting on
     the row's stores (sixteenth session, SqueezeNet's 3x3/2 on 27x27)."""
-    from polyml.kernels.depthwise import _masked
-
     lanes = ROW_LANES
     vec = ir.VectorType(ir.FloatType(), lanes)
     width, ow_n, pb, kw = win.size[-1], win.out[-1], win.pads_begin[-1], win.kernel[-1]
@@ -248,7 +246,7 @@ def _max_rows_vectors(k: KernelBuilder, x: Buffer, y: Buffer, win: Window, ident
                         if all(on):
                             v = b.load(at, align=4)
                         else:
-                            load, mask = _masked(b, "load", vec, on)
+                            load, mask = masked_intrinsic(b, "load", vec, on)
                             v = b.call(load, [at, align, mask, fill])
                         acc = v if acc is None else combine(acc, v)
                 columns[col] = acc if acc is not None else fill
@@ -267,7 +265,7 @@ def _max_rows_vectors(k: KernelBuilder, x: Buffer, y: Buffer, win: Window, ident
             if o0 + lanes <= ow_n:
                 b.store(out, at, align=4)
             else:
-                store, mask = _masked(b, "store", vec, [o0 + u < ow_n for u in range(lanes)])
+                store, mask = masked_intrinsic(b, "store", vec, [o0 + u < ow_n for u in range(lanes)])
                 b.call(store, [out, at, align, mask])
 
 

@@ -78,6 +78,20 @@ def splat(b: ir.IRBuilder, v: ir.Value, ty: ir.Type) -> ir.Value:
     return b.shuffle_vector(one, ir.Constant(one.type, None), ir.Constant(ir.VectorType(ir.IntType(32), ty.count), [0] * ty.count))
 
 
+def masked_intrinsic(b: ir.IRBuilder, name: str, vec: ir.VectorType, lanes_on: list[bool]) -> tuple[ir.Function, ir.Constant]:
+    """The ``llvm.masked.{load,store}`` intrinsic for ``vec`` and the constant lane mask."""
+    module = b.module
+    mask_t = ir.VectorType(ir.IntType(1), vec.count)
+    ptr_t = vec.as_pointer()
+    fname = f"llvm.masked.{name}.v{vec.count}f32.p0v{vec.count}f32"
+    if name == "load":
+        fty = ir.FunctionType(vec, [ptr_t, ir.IntType(32), mask_t, vec])
+    else:
+        fty = ir.FunctionType(ir.VoidType(), [vec, ptr_t, ir.IntType(32), mask_t])
+    fn = module.globals.get(fname) or ir.Function(module, fty, fname)
+    return fn, ir.Constant(mask_t, [int(on) for on in lanes_on])
+
+
 def pointer_type(t: TensorType) -> ir.PointerType:
     """``elem*`` for rank ≤ 1, else a pointer to the array of the trailing dimensions."""
     inner: ir.Type = llvm_type(t.dtype)

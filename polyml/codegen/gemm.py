@@ -213,8 +213,8 @@ def kc_for(k: int, kc: int, step: int = 1) -> int:
     """The reduction block for ``K`` under a limit of ``kc``: the fewest blocks, of equal size
     (a multiple of ``step``), so that no short last block reads and writes C again for little
     work (sixteenth session, 1x1 512->128 @28 with ReLU, 1 thread: 384 + 128 → 256 + 256, 0.95x
-    the time; K = 1152 of a 3x3 over 128 channels: 3 × 378 + 18 → 4 × 288).  As
-    :func:`polyml.codegen.igemm.kc_for` does for the integer GEMM."""
+    the time; K = 1152 of a 3x3 over 128 channels: 3 × 378 + 18 → 4 × 288).  The integer
+    GEMM's blocks too (:func:`polyml.codegen.igemm.kc_for`)."""
     kc = max(step, kc // step * step)
     blocks = -(-k // kc)
     return _round_up(-(-k // max(blocks, 1)), step)

@@ -49,6 +49,7 @@ import numpy as np
 
 from polyml.codegen.builder import I32, I64, Buffer, KernelBuilder, splat
 from polyml.codegen.gemm import _c, _function, _min, _round_up, add_edge_tile, for_range, tile_loop
+from polyml.codegen.gemm import kc_for as float_kc_for
 from polyml.codegen.gemm import matrix_loader as matrix_loader  # the same row-major loader, 8-bit elements here
 from polyml.errors import PolymlError
 
@@ -245,9 +246,8 @@ class IGemmSpec:
 def kc_for(k: int, blk: IBlocking) -> int:
     """The reduction block for ``K``: the fewest blocks of at most ``blk.kc``, of equal size
     (whole groups), so that no short last block costs a second pass over C for little work
-    (K = 576 with kc 512: two blocks of 288, not 512 + 64)."""
-    blocks = -(-k // blk.kc)
-    return _round_up(-(-k // max(blocks, 1)), blk.group)
+    (K = 576 with kc 512: two blocks of 288, not 512 + 64; :func:`polyml.codegen.gemm.kc_for`)."""
+    return float_kc_for(k, blk.kc, blk.group)
 
 
 def block_kc(spec: IGemmSpec, blk: IBlocking) -> int:
