@@ -225,6 +225,9 @@ def _max_rows_vectors(k: KernelBuilder, x: Buffer, y: Buffer, win: Window, ident
     align = ir.Constant(ir.IntType(32), 4)
     with nest(k, [*y.shape[:-1]], names=["n", "c", "oh"], parallel=copy_parallel(x.shape)) as ix:
         b = k.b  # the nest's builder (a parallel nest outlines its body)
+        # explicit vectors, no SCoP to offer: Polly's alias grouping crashed on the masked
+        # accesses (LLVM 19, splitAliasGroupsByDomain, on `--emit jscop`), so it skips them
+        set.add(b.function.attributes, '"polly.skip.fn"')
         n, c, oh = (k.i64(i) if isinstance(i, int) else i for i in ix)
         plane = b.add(b.mul(n, k.i64(x.shape[1])), c)
         rows = [_clamped_rows(k, win, [oh], (int(j),))[0] for j in range(win.kernel[0])]

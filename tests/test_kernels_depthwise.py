@@ -231,3 +231,25 @@ def test_depthwise_plan_choice() -> None:
     assert plan.rowwise and plan.pitch == -(-29 // plan.lanes) * plan.lanes
     assert plan.acc_floats == -(-28 // plan.lanes) * plan.lanes
     assert plan.in_floats % plan.lanes == 0 and plan.per_plane == plan.in_floats + plan.acc_floats
+
+
+def test_depthwise_and_pool_scops_export(tmp_path) -> None:
+    """``--emit jscop`` of a model with depthwise layers and a stride-2 max pool: their
+    explicit-vector functions carry ``polly.skip.fn`` (Polly 19's alias grouping segfaulted on
+    them), so the export finishes and still dumps the other ops' SCoPs."""
+    from polyml.compiler import compile as polyml_compile
+
+    rng = np.random.default_rng(0)
+    c = 16
+    inits = [helper.make_tensor(name, TensorProto.FLOAT, shape, rng.standard_normal(shape).astype(np.float32).ravel())
+             for name, shape in (("w1", (c, 1, 3, 3)), ("w2", (c, 1, 3, 3)), ("w3", (32, c, 1, 1)))]
+    nodes = [helper.make_node("Conv", ["x", "w1"], ["a"], kernel_shape=[3, 3], pads=[1, 1, 1, 1], group=c),
+             helper.make_node("Conv", ["a", "w2"], ["b"], kernel_shape=[3, 3], pads=[1, 1, 1, 1], strides=[2, 2], group=c),
+             helper.make_node("MaxPool", ["b"], ["p"], kernel_shape=[3, 3], strides=[2, 2]),
+             helper.make_node("Conv", ["p", "w3"], ["y"], kernel_shape=[1, 1])]
+    graph = helper.make_graph(nodes, "dw", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, c, 56, 56])],
+                              [helper.make_empty_tensor_value_info("y")], initializer=inits)
+    path = tmp_path / "m.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), str(path))
+    polyml_compile(path, tmp_path / "build", emit=["jscop"], threads=2, cache=False)
+    assert list((tmp_path / "build" / "jscop").glob("*.jscop"))

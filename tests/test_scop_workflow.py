@@ -283,3 +283,21 @@ def test_squeezenet_scops_acceptance(tmp_path, capsys) -> None:
             isl.Map(st["schedule"])
             for a in st["accesses"]:
                 isl.Map(a["relation"])
+
+
+def test_polly_skipped_functions_are_not_rejections() -> None:
+    """``polly_skipped``: the functions whose attribute group holds ``"polly.skip.fn"``."""
+    from polyml.scop.detect import polly_skipped
+
+    ir_text = '''define void @"op1_n2.par0"(float* %x) #0 {
+entry:
+  ret void
+}
+define void @op2(float* %x) #1 {
+entry:
+  ret void
+}
+attributes #0 = { nounwind "polly.skip.fn" "target-cpu"="x" }
+attributes #1 = { nounwind "target-cpu"="x" }
+'''
+    assert polly_skipped(ir_text) == {"op1_n2.par0"}

@@ -97,7 +97,8 @@ def detect(ll: str | Path, functions: Sequence[str] | None = None, keep: str | P
             scops.append(Scop(function, region, data, ak))
         # a region without loops (an OpenMP worker's call) is no nest: its rejection is noise
         rejected = [r for r in parse_remarks(remarks.read_text() if remarks.exists() else "") if loops.get(r.function)]
-        rejected += _uncovered(canon.read_text() if canon.exists() else "", loops, scops, {r.function for r in rejected})
+        text = canon.read_text() if canon.exists() else ""
+        rejected += _uncovered(text, loops, scops, {r.function for r in rejected} | polly_skipped(text))
     return Detection(scops, rejected)
 
 
@@ -253,6 +254,18 @@ def store_blocks(ir_text: str) -> dict[str, list[str]]:
             continue
         if block and re.match(r"\s+store ", line) and (not out[function] or out[function][-1] != block):
             out[function].append(block)
+    return out
+
+
+def polly_skipped(ir_text: str) -> set[str]:
+    """Functions of an LLVM IR text marked ``"polly.skip.fn"``: kernels written as explicit
+    vectors (depthwise planes, max pools in registers) that Polly is told to leave alone; their
+    loops are no nests it could model, so they are not reported as rejected."""
+    groups = {m.group(1) for m in re.finditer(r'^attributes #(\d+) = \{[^\n]*"polly\.skip\.fn"', ir_text, re.M)}
+    out = set()
+    for m in re.finditer(r'^define [^\n]*@("(?:[^"\\]|\\.)*"|[\w.$-]+)\([^\n]*$', ir_text, re.M):
+        if groups & set(re.findall(r"#(\d+)", m.group(0).split(")")[-1])):
+            out.add(m.group(1).strip('"'))
     return out
 
 
