@@ -301,3 +301,20 @@ attributes #0 = { nounwind "polly.skip.fn" "target-cpu"="x" }
 attributes #1 = { nounwind "target-cpu"="x" }
 '''
     assert polly_skipped(ir_text) == {"op1_n2.par0"}
+
+
+def test_export_failure_keeps_its_input(tmp_path) -> None:
+    """A failing JSCoP export (here: IR opt cannot parse) keeps the input and the command
+    under ``failed/`` and shows opt's own message, as the build's other tool failures do."""
+    from polyml.errors import ToolchainError
+    from polyml.scop import exchange
+
+    src = tmp_path / "work" / "ops.off.0.ll"
+    src.parent.mkdir()
+    src.write_text("define void @f( {\n")
+    with pytest.raises(ToolchainError, match="JSCoP export") as info:
+        exchange.export([src], tmp_path / "out" / "jscop", keep_failed=tmp_path / "out")
+    assert "failed" in str(info.value)
+    kept = tmp_path / "out" / "failed"
+    assert (kept / "ops.off.0.ll").read_text() == src.read_text()
+    assert (kept / "ops.off.0.command.sh").exists() and (kept / "ops.off.0.stderr.txt").exists()

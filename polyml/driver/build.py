@@ -219,7 +219,8 @@ def build_artifact(
             from polyml.scop import exchange
 
             t0 = time.perf_counter()
-            exchange.export([p for k, p in sources.items() if k != "entry"], out / JSCOP_DIR, jobs=os.cpu_count() or 1)
+            exchange.export([p for k, p in sources.items() if k != "entry"], out / JSCOP_DIR, jobs=os.cpu_count() or 1,
+                            keep_failed=out)
             seconds["jscop export"] = time.perf_counter() - t0
         if "ll" in emit:
             for name, path in sources.items():

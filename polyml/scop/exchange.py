@@ -37,13 +37,20 @@ def defined_functions(ll_text: str) -> list[str]:
     return [m.group(1).strip('"') for m in re.finditer(r'^define [^@]*@("(?:[^"\\]|\\.)*"|[\w.$-]+)\(', ll_text, re.M)]
 
 
-def export(sources: Sequence[Path], out_dir: Path, jobs: int = 1) -> list[Path]:
+def export(sources: Sequence[Path], out_dir: Path, jobs: int = 1, keep_failed: Path | None = None) -> list[Path]:
     """Write the JSCoP of every SCoP of the IR files ``sources`` into ``out_dir`` (Polly's
-    files as they are; :func:`polyml.scop.detect.detect` also collects rejections)."""
+    files as they are; :func:`polyml.scop.detect.detect` also collects rejections).
+    ``keep_failed``: if opt fails, keep its input IR and the command under
+    ``keep_failed/failed/`` (as ``polyml build`` does) and report opt's own message."""
     out_dir.mkdir(parents=True, exist_ok=True)
 
     def one(src: Path) -> None:
         cmd = [tool("opt"), *flags.scop_export_flags(str(out_dir.resolve()), inspect=False), src.name, "-disable-output"]
+        if keep_failed is not None:
+            from polyml.driver.build import run_tool
+
+            run_tool(cmd, keep_failed, [src.resolve()], "JSCoP export (opt)", cwd=src.parent)
+            return
         proc = subprocess.run(cmd, capture_output=True, text=True, cwd=src.parent)
         if proc.returncode != 0:
             tail = "\n".join(proc.stderr.strip().splitlines()[-5:])
