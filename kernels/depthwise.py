@@ -45,7 +45,7 @@ from polyml.kernels.conv import VECTOR_LANES, Window, _isa
 from polyml.kernels.fused import evaluate_chain
 
 from polyml.codegen import gemm as packed
-from polyml.codegen.builder import F32, I64, Buffer, KernelBuilder, masked_intrinsic, splat
+from polyml.codegen.builder import F32, I64, Buffer, KernelBuilder, masked_intrinsic, skip_polly, splat
 from polyml.graph import Node, TensorType
 
 #: planes·taps·outputs below which the convolution runs on one thread (the fork/join of a
@@ -214,9 +214,7 @@ def convolve_depthwise(k: KernelBuilder, plan: DepthwisePlan, scratch: Buffer) -
 
     with k.parallel_loop(0, plan.parts, "dw") as part:
         b = k.b
-        # explicit vectors, no SCoP to offer: Polly's alias grouping crashed on these functions
-        # (LLVM 19, splitAliasGroupsByDomain, on `--emit jscop` of MobileNetV2), so it skips them
-        set.add(b.function.attributes, '"polly.skip.fn"')
+        skip_polly(b.function)
         base = b.gep(b.bitcast(scratch.ptr, f32p), [b.mul(part, _c(plan.per_thread))], inbounds=True)
         with packed.for_range(b, 0, plan.per_thread, name="dw.zero") as z:
             b.store(ir.Constant(F32, 0.0), b.gep(base, [z], inbounds=True))

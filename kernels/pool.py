@@ -60,7 +60,16 @@ from polyml.kernels.conv import Window, _isa, affine, copy_parallel, make_window
 from polyml.kernels.fused import evaluate_chain
 from polyml.kernels.reduce import vmax
 
-from polyml.codegen.builder import REASSOC, Buffer, KernelBuilder, constant, is_float, llvm_type, masked_intrinsic
+from polyml.codegen.builder import (
+    REASSOC,
+    Buffer,
+    KernelBuilder,
+    constant,
+    is_float,
+    llvm_type,
+    masked_intrinsic,
+    skip_polly,
+)
 from polyml.errors import GraphError, ShapeError
 from polyml.gpu.builder import GpuKernelBuilder
 from polyml.graph import Node, TensorType
@@ -201,7 +210,8 @@ ROW_LANES = 16
 
 
 def _row_vectors_apply(x: Buffer | ChainSource, win: Window) -> bool:
-    """Whether :func:`_max_rows_vectors` computes this (separable) max pool: AVX-512, float32
+    """Whether :func:`_max_rows_vectors` can compute this max pool (one without padding, or a
+    separable one: :meth:`_Pool.lower` asks): AVX-512, float32
     read from a stored tensor (no prologue chain), two spatial dims, a last dim of stride 2,
     dilation 1 and 2 or 3 taps (``POLYML_POOL_ROW_VECTORS=0``: the row loops, to compare)."""
     return (ROW_VECTORS and isinstance(x, Buffer) and x.type.dtype == "float32" and win.rank == 2
@@ -225,9 +235,7 @@ def _max_rows_vectors(k: KernelBuilder, x: Buffer, y: Buffer, win: Window, ident
     align = ir.Constant(ir.IntType(32), 4)
     with nest(k, [*y.shape[:-1]], names=["n", "c", "oh"], parallel=copy_parallel(x.shape)) as ix:
         b = k.b  # the nest's builder (a parallel nest outlines its body)
-        # explicit vectors, no SCoP to offer: Polly's alias grouping crashed on the masked
-        # accesses (LLVM 19, splitAliasGroupsByDomain, on `--emit jscop`), so it skips them
-        set.add(b.function.attributes, '"polly.skip.fn"')
+        skip_polly(b.function)
         n, c, oh = (k.i64(i) if isinstance(i, int) else i for i in ix)
         plane = b.add(b.mul(n, k.i64(x.shape[1])), c)
         rows = [_clamped_rows(k, win, [oh], (int(j),))[0] for j in range(win.kernel[0])]
@@ -276,11 +284,7 @@ def _max_rows(k: KernelBuilder, x: Buffer | ChainSource, y: Buffer, win: Window,
               combine: Callable[[ir.Value, ir.Value], ir.Value]) -> None:
     """Max pooling row by row (the module docstring): per ``(n, c, o')``
     ``row[p] = max_{j'} x[n, c, o'*s' + j'*d' - pb', p - pb]`` over the input columns ``p - pb``
-    (the identity on the rest of ``row``), then ``y[n, c, o', o] = max_j row[o*s + j*d]``.
-    AVX-512 float32 pools of stride 2 along the row: :func:`_max_rows_vectors`."""
-    if _row_vectors_apply(x, win):
-        _max_rows_vectors(k, x, y, win, identity, combine)
-        return
+    (the identity on the rest of ``row``), then ``y[n, c, o', o] = max_j row[o*s + j*d]``."""
     dtype = x.type.dtype
     lead = win.rank - 1
     width, pb = win.required[-1], win.pads_begin[-1]
@@ -399,8 +403,9 @@ class _Pool(Kernel):
 
         r = win.rank
         host = not isinstance(k, GpuKernelBuilder)
-        if self.is_max and host and not win.needs_copy() and _row_vectors_apply(x, win):
-            _max_rows_vectors(k, x, y, win, identity, combine)  # any width (see ROW_VECTORS)
+        # in registers: the separable pools and, without padding, any width (see ROW_VECTORS)
+        if self.is_max and host and _row_vectors_apply(x, win) and (not win.needs_copy() or separable_max(win)):
+            _max_rows_vectors(k, x, y, win, identity, combine)
             return
         if self.is_max and separable_max(win):  # no temp (see temps)
             if host:

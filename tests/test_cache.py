@@ -204,3 +204,19 @@ def test_pruned_to_its_size_limit(cache_dir, small, tmp_path, monkeypatch) -> No
     monkeypatch.setenv("POLYML_CACHE_MAX_MB", "0")
     polyml.compile(small, tmp_path / "c", threads=3)  # the new entry always stays
     assert [e["options"]["threads"] for e in _entries()] == [3]
+
+
+def test_every_codegen_switch_is_in_the_cache_key() -> None:
+    """Each ``POLYML_*`` variable the kernels and codegen read is in ``CODEGEN_ENV`` (or covered
+    otherwise: ``POLYML_GEMM_BLOCKING`` by ``gemm_blocking``), so a cached build made with
+    another setting is not returned for an A/B measurement."""
+    import re
+    from pathlib import Path
+
+    from polyml.cache import CODEGEN_ENV
+
+    root = Path(__file__).resolve().parent.parent
+    read = set()
+    for path in [*(root / "kernels").glob("*.py"), *(root / "polyml" / "codegen").glob("*.py")]:
+        read |= set(re.findall(r'os\.environ\.get\("(POLYML_[A-Z_]+)"', path.read_text()))
+    assert read and read - {"POLYML_GEMM_BLOCKING"} <= set(CODEGEN_ENV), read - set(CODEGEN_ENV)

@@ -360,6 +360,7 @@ def test_reduction_blocks_of_equal_size() -> None:
 
     assert kc_for(512, 384) == 256  # not 384 + 128
     assert kc_for(384, 384) == 384 and kc_for(100, 384) == 100
+    assert kc_for(0, 384) == 1 and kc_for(0, 384, 9) == 9  # an empty reduction: one step, never run
     assert kc_for(2048, 768) == 683  # three blocks, the last 682
     assert kc_for(1152, 384, 9) == 288  # 3x3 taps: 4 x 288, not 3 x 378 + 18
     assert kc_for(27, 384, 27) == 27 and kc_for(49 * 3, 100, 49) == 98  # 98 + 49: two blocks either way

@@ -78,6 +78,14 @@ def splat(b: ir.IRBuilder, v: ir.Value, ty: ir.Type) -> ir.Value:
     return b.shuffle_vector(one, ir.Constant(one.type, None), ir.Constant(ir.VectorType(ir.IntType(32), ty.count), [0] * ty.count))
 
 
+def skip_polly(fn: ir.Function) -> None:
+    """Mark ``fn`` ``"polly.skip.fn"``: a kernel written as explicit vectors has no SCoP to offer,
+    and Polly 19's alias grouping segfaulted on the masked accesses of the depthwise and max-pool
+    kernels (``ScopBuilder::splitAliasGroupsByDomain``, on ``--emit jscop``).  The SCoP report
+    leaves such functions out of its rejections (:func:`polyml.scop.detect.polly_skipped`)."""
+    set.add(fn.attributes, '"polly.skip.fn"')
+
+
 def masked_intrinsic(b: ir.IRBuilder, name: str, vec: ir.VectorType, lanes_on: list[bool]) -> tuple[ir.Function, ir.Constant]:
     """The ``llvm.masked.{load,store}`` intrinsic for ``vec`` and the constant lane mask."""
     module = b.module

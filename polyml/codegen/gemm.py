@@ -216,8 +216,8 @@ def kc_for(k: int, kc: int, step: int = 1) -> int:
     the time; K = 1152 of a 3x3 over 128 channels: 3 × 378 + 18 → 4 × 288).  The integer
     GEMM's blocks too (:func:`polyml.codegen.igemm.kc_for`)."""
     kc = max(step, kc // step * step)
-    blocks = -(-k // kc)
-    return _round_up(-(-k // max(blocks, 1)), step)
+    blocks = max(1, -(-k // kc))
+    return max(step, _round_up(-(-k // blocks), step))  # K = 0: one step (loops over K never run)
 
 
 def block_kc(spec: GemmSpec, blk: Blocking) -> int:
