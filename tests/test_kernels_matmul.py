@@ -419,6 +419,45 @@ def test_edge_panel_kernels_other_tiles(blocking: str, monkeypatch) -> None:
             check(conv, feeds_for({"x": xs}), conv="gemm", cache=False, threads=threads)
 
 
+def test_edge_columns_split() -> None:
+    """The last column panel's tail: a narrow kernel where it holds the tail whole and costs no
+    more, else the column kernel on the columns past a narrower one (a 7x7 map's 17 columns in
+    32-column panels: 16 + 1; a 14x14 map's 4: four columns); none past 12 columns or where a
+    column of the tile needs more than two vectors; POLYML_GEMM_COLUMNS=0 turns it off."""
+    from polyml.codegen.gemm import edge_columns, host_blocking
+
+    wide, narrow = host_blocking("+avx512f,+fma"), host_blocking("+avx2,+fma")
+    assert [edge_columns(wide, t) for t in (0, 1, 4, 9, 11, 12, 16, 17, 25, 26, 31)] == [
+        (0, 0), (0, 1), (0, 4), (0, 9), (0, 11), (16, 0), (16, 0), (16, 1), (16, 9), (32, 0), (32, 0)]
+    assert [edge_columns(narrow, t) for t in (1, 5, 6, 9, 12)] == [(0, 1), (0, 5), (8, 0), (8, 1), (16, 0)]
+    from dataclasses import replace
+
+    assert edge_columns(replace(wide, width=4, nr=32), 17) == (32, 0)  # 12 rows: three vectors a column
+
+
+#: 1x1 convolutions as products whose last column panel takes the column kernel: (map, K, M)
+COLUMN_CASES = [((7, 7), 33, 22), ((13, 13), 40, 30), ((5, 5), 300, 26), ((3, 19), 24, 13), ((1, 11), 17, 40), ((6, 6), 301, 20),
+                ((14, 14), 25, 44)]
+
+
+@pytest.mark.parametrize("blocking", [None, "mr=12,nr=32,width=8", "mr=5,nr=16,width=8,mc=35", "mr=4,nr=8,width=4,fma=0"],
+                         ids=["host", "avx512-tile-8-lanes", "odd-mr", "sse-like"])
+def test_edge_column_kernels(blocking: str | None, monkeypatch) -> None:
+    """Convolutions as products whose last panel's tail runs on a narrow kernel plus the column
+    kernel: tails of 1-11 columns alone or after 16 (49, 169, 25, 57, 11, 36 and 196 positions),
+    row counts not a multiple of the tile (a masked last vector), several reduction blocks and odd ones (K =
+    300, 301, 33, 25: the partial sums' remainder), no FMA (SSE-like), 1 and 2 threads; against onnxruntime."""
+    if blocking:
+        monkeypatch.setenv("POLYML_GEMM_BLOCKING", blocking)
+    rng = np.random.default_rng(5)
+    for (h, w), k, m in COLUMN_CASES:
+        weights = rng.standard_normal((m, k, 1, 1)).astype(np.float32)
+        bias = rng.standard_normal(m).astype(np.float32)
+        conv = node_model("Conv", {"x": (1, k, h, w)}, initializers={"w": weights, "b": bias})
+        for threads in (1, 2):
+            check(conv, feeds_for({"x": (1, k, h, w)}), conv="gemm", cache=False, threads=threads)
+
+
 def test_gemm_blocking_override_errors(monkeypatch) -> None:
     from polyml.codegen.gemm import blocking_for_host
     from polyml.errors import PolymlError

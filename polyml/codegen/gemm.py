@@ -36,7 +36,7 @@ from dataclasses import dataclass, replace
 import llvmlite.ir as ir
 import numpy as np
 
-from polyml.codegen.builder import F32, I64, Buffer, KernelBuilder, counted_loop, splat
+from polyml.codegen.builder import F32, I64, Buffer, KernelBuilder, counted_loop, masked_intrinsic, splat
 from polyml.errors import PolymlError
 
 F32P = F32.as_pointer()
@@ -507,6 +507,173 @@ def narrow_kernels(module: ir.Module, blk: Blocking, attrs: Sequence[str], lda: 
                   *([micro_kernel(module, narrow, attrs, lda, b_pitch=blk.nr)] if lda else []))
 
 
+#: most tail columns :func:`column_kernel` takes (``POLYML_GEMM_COLUMNS=0``: none, the last
+#: panel's columns by :func:`narrow_kernels` alone, for A/B measurements)
+COLUMN_KERNEL_MAX = int(os.environ.get("POLYML_GEMM_COLUMNS", "12"))
+
+
+def edge_columns(blk: Blocking, tail: int) -> tuple[int, int]:
+    """``(w, r)``: how the last column panel's ``tail`` (``N mod nr``) columns are computed: a
+    ``w``-column micro-kernel (``nr`` or a narrow one; 0: none) on the first ones and
+    :func:`column_kernel` on the ``r`` after them (0: none), the split of least estimated time
+    per reduction step.  A ``w``-column kernel issues ``mr · ⌈w/width⌉`` FMAs and ``mr +
+    ⌈w/width⌉`` loads whatever the tail, the column kernel ``⌈mr/width⌉`` FMAs and loads per
+    column plus its A vectors (two FMA and two load ports): 49 columns (a 7x7 map) in 32-column
+    panels leave 17, one 16-column kernel and one column (7.5 cycles a step against 12 for the
+    whole 32-column kernel); 196 (14x14) leave 4, four columns (2.5 against 6.5 for the 4-lane
+    narrow kernel)."""
+    if not tail:
+        return 0, 0
+    row_vectors = -(-blk.mr // blk.width)
+
+    def kernel(w: int) -> float:
+        v = max(1, w // blk.width)
+        return max(blk.mr * v, blk.mr + v) / 2 if w else 0.0
+
+    def columns(r: int) -> float:
+        return max(r * row_vectors, r + row_vectors) / 2 if r else 0.0
+
+    widths, w = [], blk.nr
+    while w >= NARROW_MIN_LANES:
+        widths.append(w)
+        w //= 2
+    if row_vectors > 2:  # a column of A would need more vectors than a register tile has rows
+        return next(w for w in reversed(widths) if w >= tail), 0
+    # least time, then fewest columns, then the narrowest kernel
+    _, r, w = min((kernel(w) + columns(max(0, tail - w)), max(0, tail - w), w) for w in [*widths, 0]
+                  if tail - w <= COLUMN_KERNEL_MAX)
+    return w, r
+
+
+def column_kernel(module: ir.Module, blk: Blocking, attrs: Sequence[str], cols: int) -> ir.Function:
+    """``colk(kc, Ap, Bp, T)``: ``cols`` columns of an ``mr``-row register tile with vectors
+    along the tile's rows instead of its columns: per reduction step ``p`` the packed A panel's
+    ``mr`` values (contiguous) are ``⌈mr/width⌉`` vectors (the last masked) and each column's B
+    value ``Bp[p·nr + j]`` one broadcast, so a column costs ``⌈mr/width⌉`` FMAs a step where a
+    register tile of columns costs ``mr`` per vector of them.  Short dependence chains are
+    split over ``p`` (up to 4 partial sums, added at the end).  The results go to the stack
+    tile ``T[r·nr + j]`` (pitch ``nr``; callers offset ``Bp`` and ``T`` to the first column)."""
+    name = f"polyml.colkernel.{blk.mr}x{cols}.w{blk.width}.pitch{blk.nr}"
+    existing = module.globals.get(name)
+    if existing is not None:
+        return existing
+    width, mr, nr = blk.width, blk.mr, blk.nr
+    vec = ir.VectorType(F32, width)
+    row_vectors = -(-mr // width)
+    fn = _function(module, name, [I64, F32P, F32P, F32P], attrs, width == 16)
+    fn.linkage = "internal"
+    kc, ap, bp, tile = fn.args
+    for a in (ap, bp, tile):
+        a.add_attribute("noalias")
+    b = ir.IRBuilder(fn.append_basic_block("entry"))
+    zero = ir.Constant(vec, [0.0] * width)
+    fma = None
+    if blk.fma:
+        fma_name = f"llvm.fma.v{width}f32"
+        fma = module.globals.get(fma_name) or ir.Function(module, ir.FunctionType(vec, [vec, vec, vec]), fma_name)
+    last_lanes = mr - (row_vectors - 1) * width
+    masked = None
+    if last_lanes < width:
+        masked = masked_intrinsic(b, "load", vec, [lane < last_lanes for lane in range(width)])
+    chains = max(1, min(4, 8 // (cols * row_vectors)))
+
+    def a_vectors(p: ir.Value) -> list[ir.Value]:
+        row = b.gep(ap, [b.mul(p, _c(mr), flags=["nsw"])], inbounds=True)
+        out = []
+        for v in range(row_vectors):
+            ptr = b.bitcast(b.gep(row, [_c(v * width)], inbounds=True), vec.as_pointer())
+            if v == row_vectors - 1 and masked is not None:
+                out.append(b.call(masked[0], [ptr, ir.Constant(ir.IntType(32), 4), masked[1], zero]))
+            else:
+                out.append(b.load(ptr, align=4))
+        return out
+
+    def update(p: ir.Value, accs: list[list[ir.Value]]) -> list[list[ir.Value]]:
+        a = a_vectors(p)
+        b_row = b.gep(bp, [b.mul(p, _c(nr), flags=["nsw"])], inbounds=True)
+        new = []
+        for j in range(cols):
+            bj = splat(b, b.load(b.gep(b_row, [_c(j)], inbounds=True)), vec)
+            new.append([b.call(fma, [a[v], bj, accs[j][v]]) if fma is not None
+                        else b.fadd(accs[j][v], b.fmul(a[v], bj)) for v in range(row_vectors)])
+        return new
+
+    def loop(lo: ir.Value, hi: ir.Value, step: int, init: list[list[list[ir.Value]]], tag: str
+             ) -> list[list[list[ir.Value]]]:
+        """``for (p = lo; p < hi; p += step)``: ``step`` partial sums, step ``u`` of each
+        iteration into the ``u``-th."""
+        entry = b.block
+        body = b.append_basic_block(f"{tag}.body")
+        done = b.append_basic_block(f"{tag}.done")
+        b.cbranch(b.icmp_signed("<", lo, hi), body, done)
+        b.position_at_end(body)
+        p = b.phi(I64, f"{tag}.p")
+        p.add_incoming(lo, entry)
+        phis = [[[b.phi(vec) for _ in range(row_vectors)] for _ in range(cols)] for _ in range(step)]
+        for u in range(step):
+            for j in range(cols):
+                for v in range(row_vectors):
+                    phis[u][j][v].add_incoming(init[u][j][v], entry)
+        new = [update(b.add(p, _c(u), flags=["nsw"]), phis[u]) for u in range(step)]
+        p_next = b.add(p, _c(step), flags=["nsw"])
+        p.add_incoming(p_next, body)
+        for u in range(step):
+            for j in range(cols):
+                for v in range(row_vectors):
+                    phis[u][j][v].add_incoming(new[u][j][v], body)
+        b.cbranch(b.icmp_signed("<", p_next, hi), body, done)
+        b.position_at_end(done)
+        out = [[[b.phi(vec) for _ in range(row_vectors)] for _ in range(cols)] for _ in range(step)]
+        for u in range(step):
+            for j in range(cols):
+                for v in range(row_vectors):
+                    out[u][j][v].add_incoming(init[u][j][v], entry)
+                    out[u][j][v].add_incoming(new[u][j][v], body)
+        return out
+
+    zeros = [[[zero] * row_vectors for _ in range(cols)] for _ in range(chains)]
+    main_end = b.mul(b.sdiv(kc, _c(chains)), _c(chains))
+    partial = loop(_c(0), main_end, chains, zeros, "colk")
+    sums = partial[0]
+    for u in range(1, chains):
+        sums = [[b.fadd(sums[j][v], partial[u][j][v]) for v in range(row_vectors)] for j in range(cols)]
+    if chains > 1:
+        (sums,) = loop(main_end, kc, 1, [sums], "colk.rest")
+    for j in range(cols):
+        for r in range(mr):
+            v, lane = divmod(r, width)
+            b.store(b.extract_element(sums[j][v], _c(lane)), b.gep(tile, [_c(r * nr + j)], inbounds=True))
+    b.ret_void()
+    return fn
+
+
+@dataclass(frozen=True)
+class EdgeColumns:
+    """The last column panel's ``tail`` columns: ``kernel`` (None: none) on the first
+    ``width``, ``columns`` (:func:`column_kernel`) on the rest."""
+
+    tail: int
+    width: int
+    kernel: ir.Function | None
+    columns: ir.Function
+
+
+def edge_column_kernels(module: ir.Module, blk: Blocking, attrs: Sequence[str], tail: int,
+                        ukernel: ir.Function) -> EdgeColumns | None:
+    """The kernels of :func:`edge_columns`'s split of the last panel, or None where it
+    takes no column kernel (then :func:`narrow_kernels`)."""
+    width, rest = edge_columns(blk, tail)
+    if not rest:
+        return None
+    if width == blk.nr:
+        kernel = ukernel
+    elif width:
+        kernel = micro_kernel(module, replace(blk, nr=width, width=min(blk.width, width)), attrs, b_pitch=blk.nr)
+    else:
+        kernel = None
+    return EdgeColumns(tail, width, kernel, column_kernel(module, blk, attrs, rest))
+
+
 def short_kernel(module: ir.Module, spec: GemmSpec, blk: Blocking, attrs: Sequence[str]) -> ir.Function | None:
     """The micro-kernel of the product's last, partial row panel (``M mod mr`` rows, read from
     the packed ``mr``-high panel), or None where ``mr`` divides M.  Shares and ``mc`` blocks
@@ -532,7 +699,8 @@ def block_function(module: ir.Module, name: str, spec: GemmSpec, blk: Blocking, 
     ukernel = micro_kernel(module, blk, attrs, b_rows=in_place is not None)
     direct = spec.lda > 0 and not spec.prepacked_a
     direct_kernel = micro_kernel(module, blk, attrs, spec.lda) if direct else None
-    narrow = narrow_kernels(module, blk, attrs, spec.lda if direct else 0, spec.n % blk.nr)
+    columns = None if direct else edge_column_kernels(module, blk, attrs, spec.n % blk.nr, ukernel)
+    narrow = (0, ()) if columns else narrow_kernels(module, blk, attrs, spec.lda if direct else 0, spec.n % blk.nr)
     short = short_kernel(module, spec, blk, attrs)
     args = [F32P] * spec.operands + [F32P, F32P, I64, I64, I64, I64]
     fn = _function(module, name, args, attrs, blk.width == 16)
@@ -616,7 +784,7 @@ def block_function(module: ir.Module, name: str, spec: GemmSpec, blk: Blocking, 
                     else:
                         bp = b.gep(b_block, [b.mul(jr, kc)], inbounds=True)
                         _store_tile(b, spec, ops, blk, ukernel, direct_kernel if direct else None, narrow, short, ap,
-                                    bp, tile, first, last, i0, j0, pc, kc, rows, cols, c_addr)
+                                    bp, tile, first, last, i0, j0, pc, kc, rows, cols, c_addr, columns)
 
                 if rows_outer(spec, blk):  # a row panel's tiles along C's rows, then the next panel
                     with for_range(b, 0, panels_m, name="ir") as ipn, for_range(b, 0, panels_n, name="jr") as jp:
@@ -632,11 +800,11 @@ def _store_tile(b: ir.IRBuilder, spec: GemmSpec, ops: Sequence[ir.Value], blk: B
                 direct_kernel: ir.Function | None, narrow: tuple[int, Sequence[ir.Function]], short: ir.Function | None,
                 ap: ir.Value, bp: ir.Value, tile: ir.Value, first: ir.Value, last: ir.Value, i0: ir.Value,
                 j0: ir.Value, pc: ir.Value, kc: ir.Value, rows: ir.Value, cols: ir.Value,
-                c_addr: Callable[[ir.Value, ir.Value], ir.Value]) -> None:
+                c_addr: Callable[[ir.Value, ir.Value], ir.Value], columns: EdgeColumns | None = None) -> None:
     """One register tile of C: whole tiles straight into C, so are the whole-width tiles of
     the partial row panel (by the ``short`` kernel); the other edge tiles through the stack
-    tile (those of at most ``narrow[0]`` columns by a ``narrow`` kernel); the epilogue after the
-    last ``kc`` block."""
+    tile (those of at most ``narrow[0]`` columns by a ``narrow`` kernel, those of the last
+    panel's ``columns.tail`` by its kernels); the epilogue after the last ``kc`` block."""
     mr, nr = blk.mr, blk.nr
     ldc = _c(spec.ldc)
     full = b.and_(b.icmp_signed("==", rows, _c(mr)), b.icmp_signed("==", cols, _c(nr)))
@@ -660,7 +828,17 @@ def _store_tile(b: ir.IRBuilder, spec: GemmSpec, ops: Sequence[ir.Value], blk: B
                 b.call(k, [kc, ap, bp, tile, _c(nr), ir.Constant(ir.IntType(1), 0)])
 
             def edge_tile() -> None:
-                if edge_kernel is None:
+                if columns is not None:
+                    with b.if_else(b.icmp_signed("==", cols, _c(columns.tail))) as (tail_tile, wide_tile):
+                        with tail_tile:
+                            if columns.kernel is not None:
+                                into_tile(columns.kernel)
+                            at = _c(columns.width)
+                            b.call(columns.columns, [kc, ap, b.gep(bp, [at], inbounds=True),
+                                                     b.gep(tile, [at], inbounds=True)])
+                        with wide_tile:
+                            into_tile(kernel)
+                elif edge_kernel is None:
                     into_tile(kernel)
                 else:
                     with b.if_else(b.icmp_signed("<=", cols, _c(narrow_cols))) as (narrow_tile, wide_tile):
