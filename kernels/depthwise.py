@@ -77,6 +77,11 @@ CHAIN_INTERLEAVE = int(os.environ.get("POLYML_DW_CHAIN_INTERLEAVE", "4"))
 ROW_VECTOR_STORES = os.environ.get("POLYML_DW_ROW_VECTORS", "1") != "0"
 #: :attr:`DepthwisePlan.interleaved`
 INTERLEAVE_COPY = os.environ.get("POLYML_DW_INTERLEAVE", "1") != "0"
+#: :attr:`DepthwisePlan.row_bands`
+ROW_BANDS = os.environ.get("POLYML_DW_ROW_BANDS", "1") != "0"
+#: fewest output rows in a thread's band (smaller planes keep the plane split: each thread
+#: would set up every plane for a few rows)
+BAND_MIN_ROWS = 28
 
 
 @dataclass(frozen=True)
@@ -154,9 +159,27 @@ class DepthwisePlan:
                 and self.lanes > UNALIGNED_MAX_LANES)
 
     @property
+    def row_bands(self) -> bool:
+        """The threads split each plane's output rows into bands of :attr:`band` rows (each
+        thread runs every plane, copying in only the input rows its band reads) instead of
+        splitting the planes.  The 1x1 products around a depthwise layer split the positions
+        between the threads (:func:`polyml.codegen.gemm.split`), so a plane split reads half of
+        each plane from the other core's cache and leaves half of its output there for the
+        next product; bands keep both on the core that wrote them.  Row-wise planes of batch 1
+        on AVX-512 (AVX2 not measured).  ``POLYML_DW_ROW_BANDS=0``: planes, for A/B measurements."""
+        return (ROW_BANDS and self.parts > 1 and self.rowwise and self.batch == 1
+                and self.lanes > UNALIGNED_MAX_LANES and self.band >= BAND_MIN_ROWS
+                and (self.parts - 1) * self.band < self.win.out[0])
+
+    @property
+    def band(self) -> int:
+        """Output rows per thread when :attr:`row_bands`."""
+        return -(-self.win.out[0] // self.parts)
+
+    @property
     def group(self) -> int:
         """Planes copied in before any of them is computed (:data:`GROUP_FLOATS`)."""
-        share = -(-self.batch * self.channels // self.parts)
+        share = self.batch * self.channels if self.row_bands else -(-self.batch * self.channels // self.parts)
         return max(1, min(share, GROUP_FLOATS // self.per_plane))
 
     @property
@@ -218,8 +241,14 @@ def convolve_depthwise(k: KernelBuilder, plan: DepthwisePlan, scratch: Buffer) -
         base = b.gep(b.bitcast(scratch.ptr, f32p), [b.mul(part, _c(plan.per_thread))], inbounds=True)
         with packed.for_range(b, 0, plan.per_thread, name="dw.zero") as z:
             b.store(ir.Constant(F32, 0.0), b.gep(base, [z], inbounds=True))
-        lo = b.mul(part, _c(share))
-        hi = b.select(b.icmp_signed("<", b.add(lo, _c(share)), _c(planes)), b.add(lo, _c(share)), _c(planes))
+        band = None
+        if plan.row_bands:  # every plane, output rows [oh0, oh1)
+            lo, hi = _c(0), _c(planes)
+            oh0 = b.mul(part, _c(plan.band))
+            band = (oh0, packed._min(b, b.add(oh0, _c(plan.band)), _c(win.out[0])))
+        else:
+            lo = b.mul(part, _c(share))
+            hi = b.select(b.icmp_signed("<", b.add(lo, _c(share)), _c(planes)), b.add(lo, _c(share)), _c(planes))
         with packed.for_range(b, lo, hi, plan.group, name="dw.group") as g0:
             g1 = b.select(b.icmp_signed("<", b.add(g0, _c(plan.group)), hi), b.add(g0, _c(plan.group)), hi)
             def source(pn: ir.Value) -> ir.Value:
@@ -228,10 +257,10 @@ def convolve_depthwise(k: KernelBuilder, plan: DepthwisePlan, scratch: Buffer) -
             if not plan.interleaved:
                 with packed.for_range(b, g0, g1, name="dw.copy") as pn:
                     work = b.gep(base, [b.mul(b.sub(pn, g0), _c(plan.per_plane))], inbounds=True)
-                    _copy_in(b, plan, source(pn), work)
+                    _copy_in(b, plan, source(pn), work, band)
             with packed.for_range(b, g0, g1, name="dw.plane") as pn:
                 _plane(k, plan, pn, b.gep(base, [b.mul(b.sub(pn, g0), _c(plan.per_plane))], inbounds=True), fma, vec,
-                       source(pn) if plan.interleaved else None)
+                       source(pn) if plan.interleaved else None, band)
             if _chain_after_crop(k, plan):  # the group's planes are contiguous in y: one loop
                 per = math.prod(win.out)
                 _chain_in_place(k, b.bitcast(k.outputs[0].ptr, f32p), b.mul(g0, _c(per)), b.mul(g1, _c(per)), {},
@@ -266,10 +295,11 @@ def _chain_after_crop(k: KernelBuilder, plan: DepthwisePlan) -> bool:
 
 
 def _plane(k: KernelBuilder, plan: DepthwisePlan, pn: ir.Value, work: ir.Value, fma: ir.Function,
-           vec: ir.VectorType, src: ir.Value | None = None) -> None:
+           vec: ir.VectorType, src: ir.Value | None = None, band: tuple[ir.Value, ir.Value] | None = None) -> None:
     """Accumulate, epilogue and crop of plane ``pn`` whose phase-split copy is at ``work``
     (with ``src``, its input plane: :attr:`DepthwisePlan.interleaved`, each output row copies
-    the input rows it is the first to read just before it is computed)."""
+    the input rows it is the first to read just before it is computed); with ``band``, only
+    the output rows ``[band[0], band[1])`` (:attr:`DepthwisePlan.row_bands`, row-wise planes)."""
     b, win = k.b, plan.win
     w, y = k.inputs[1], k.outputs[0]
     bias = k.inputs[2] if len(k.inputs) > 2 else None
@@ -291,10 +321,11 @@ def _plane(k: KernelBuilder, plan: DepthwisePlan, pn: ir.Value, work: ir.Value, 
         y_plane = b.gep(b.bitcast(y.ptr, f32p), [b.mul(pn, _c(oh_n * ow_n))], inbounds=True)
         whole_vectors = ROW_VECTOR_STORES and lanes > UNALIGNED_MAX_LANES and (not chain or flat_chain)
         sh, last_tap = plan.phases[0], (kh - 1) * win.dilations[0]
-        if src is not None:  # the padded rows before the ones output row 0 is the first to read
+        oh0, oh1 = band or (_c(0), _c(oh_n))
+        if src is not None:  # the padded rows before the ones output row oh0 is the first to read
             for r in range(last_tap - sh + 1):
-                _copy_padded_row(b, plan, src, work, _c(r), r % sh)
-        with packed.for_range(b, 0, oh_n, name="dw.oh") as oh:
+                _copy_padded_row(b, plan, src, work, b.add(b.mul(oh0, _c(sh)), _c(r)), r % sh)
+        with packed.for_range(b, oh0, oh1, name="dw.oh") as oh:
             if src is not None:  # padded rows oh·sh + last_tap - t, t < sh: first read by this row
                 for t in range(sh):
                     r = b.add(b.mul(oh, _c(sh)), _c(last_tap - t))
@@ -383,16 +414,28 @@ def _step(b: ir.IRBuilder, work: ir.Value, f: ir.Value, taps: list[tuple[int, in
     return s
 
 
-def _copy_in(b: ir.IRBuilder, plan: DepthwisePlan, src: ir.Value, work: ir.Value) -> None:
+def _copy_in(b: ir.IRBuilder, plan: DepthwisePlan, src: ir.Value, work: ir.Value,
+             band: tuple[ir.Value, ir.Value] | None = None) -> None:
     """The interior of ``xph`` from one input plane: for each row phase ``pr``, the padded
     rows ``r = pr + sh·i`` that hold input rows (``0 ≤ r - pt < H``, ``r < Hreq``), each by
-    :func:`_copy_row`."""
+    :func:`_copy_row`; with ``band``, only those the output rows ``[band[0], band[1])`` read
+    (``band[0]·sh ≤ r < (band[1] - 1)·sh + (KH - 1)·dh + 1``)."""
     sh, h = plan.phases[0], plan.win.size[0]
+    reach = (plan.win.kernel[0] - 1) * plan.win.dilations[0] + 1
     for pr in range(sh):
         i0, i1 = _phase_range(pr, sh, plan.win.pads_begin[0], h, plan.win.required[0])
-        if i1 > i0:
-            with packed.for_range(b, i0, i1, name="dw.ci") as i:
-                _copy_row(b, plan, src, work, pr, i)
+        if i1 <= i0:
+            continue
+        lo, hi = _c(i0), _c(i1)
+        if band is not None:  # i from ⌈(r_lo - pr)/sh⌉ to ⌈(r_hi - pr)/sh⌉, inside [i0, i1)
+            r_lo = b.mul(band[0], _c(sh))
+            r_hi = b.add(b.mul(b.sub(band[1], _c(1)), _c(sh)), _c(reach))
+            first = b.sdiv(b.add(r_lo, _c(sh - 1 - pr)), _c(sh))
+            end = b.sdiv(b.add(r_hi, _c(sh - 1 - pr)), _c(sh))
+            lo = b.select(b.icmp_signed(">", first, lo), first, lo)
+            hi = packed._min(b, end, hi)
+        with packed.for_range(b, lo, hi, name="dw.ci") as i:
+            _copy_row(b, plan, src, work, pr, i)
 
 
 def _copy_padded_row(b: ir.IRBuilder, plan: DepthwisePlan, src: ir.Value, work: ir.Value, r: ir.Value,

@@ -185,6 +185,60 @@ def test_depthwise_interleaved_copy_choice() -> None:
     assert not plan(28, 2).interleaved  # small planes: copied in groups
 
 
+BAND_CASES = [
+    # (N, C, H, W), kernel, attrs, cpu count: output rows in bands per thread (row_bands)
+    ((1, 5, 60, 40), (3, 3), {"pads": [1, 1, 1, 1]}, 2),  # planes copied whole rows-band
+    ((1, 3, 58, 33), (5, 5), {"pads": [2, 1, 0, 3]}, 2),  # asymmetric pads: 56 rows, 28 each
+    ((1, 4, 113, 40), (3, 3), {"pads": [1, 1, 1, 1], "chain": "relu6"}, 4),  # bands 29, 29, 29, 26
+    ((1, 3, 113, 111), (3, 3), {"pads": [1, 0, 1, 1], "strides": [2, 2], "chain": "residual"}, 2),  # interleaved copy
+]
+
+
+@pytest.mark.parametrize("xs,ks,attrs,cpus", BAND_CASES)
+def test_depthwise_row_bands(xs, ks, attrs, cpus, monkeypatch) -> None:
+    """Large row-wise planes split their output rows over the threads (each thread copies in
+    the input rows its band reads, halos included); checked with 2 and 4 parts, uneven bands,
+    unstrided (whole-band copy) and strided (interleaved copy) planes, fused chains."""
+    from polyml.kernels.conv import conv_window
+    from polyml.kernels.depthwise import depthwise_plan
+
+    from polyml.codegen import gemm as packed
+
+    monkeypatch.setattr("os.cpu_count", lambda: cpus)
+    attrs = dict(attrs)
+    chain = attrs.pop("chain", "")
+    node = Node("c", "Conv", ["x", "w"], ["y"], {"group": xs[1], **attrs})
+    x, w = TensorType(xs), TensorType((xs[1], 1, *ks))
+    with packed.packed_gemm(True):
+        plan = depthwise_plan(node, x, w, conv_window(node, x, w))
+    assert plan.parts == cpus and plan.row_bands == (plan.lanes == 16)
+    errs = compile_and_compare(_dw_model(xs, ks, attrs, chain=chain), threads=cpus, cache=False)
+    assert max(errs.values()) <= TOL, errs
+
+
+def test_depthwise_row_bands_choice(monkeypatch) -> None:
+    """Bands of at least BAND_MIN_ROWS rows, batch 1, row-wise planes, AVX-512; else planes."""
+    from polyml.kernels.conv import conv_window
+    from polyml.kernels.depthwise import BAND_MIN_ROWS, depthwise_plan
+
+    from polyml.codegen import gemm as packed
+
+    monkeypatch.setattr("os.cpu_count", lambda: 2)
+
+    def plan(n: int, size: int, stride: int = 1):
+        node = Node("c", "Conv", ["x", "w"], ["y"], {"group": 32, "pads": [1, 1, 1, 1], "strides": [stride] * 2})
+        x, w = TensorType((n, 32, size, size)), TensorType((32, 1, 3, 3))
+        with packed.packed_gemm(True):
+            return depthwise_plan(node, x, w, conv_window(node, x, w))
+
+    wide = plan(1, 2 * BAND_MIN_ROWS)
+    assert wide.row_bands == (wide.lanes == 16) and wide.band == BAND_MIN_ROWS
+    assert plan(1, 112, 2).row_bands == (wide.lanes == 16)
+    assert not plan(1, 2 * BAND_MIN_ROWS - 2).row_bands  # 27-row bands
+    assert not plan(2, 112).row_bands  # batch 2
+    assert not plan(1, 2 * BAND_MIN_ROWS, 4).row_bands  # 14-wide output rows: not row-wise
+
+
 def test_depthwise_no_bias_one_thread() -> None:
     errs = compile_and_compare(_dw_model((1, 17, 9, 23), (3, 3), {"pads": [1, 1, 1, 1]}, bias=False), threads=1, cache=False)
     assert max(errs.values()) <= TOL, errs
