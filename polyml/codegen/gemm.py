@@ -462,6 +462,8 @@ def micro_kernel(module: ir.Module, blk: Blocking, attrs: Sequence[str], lda: in
         b_vecs = [b.load(b.bitcast(b.gep(b_row, [_c(v * blk.width)], inbounds=True), vec.as_pointer()), align=4)
                   for v in range(blk.vectors)]
         a_row = b.gep(ap, [p if lda else b.mul(p, _c(a_pitch), flags=["nsw"])], inbounds=True)
+        if A_PREFETCH and not lda and not b_rows:
+            _prefetch(b, b.gep(a_row, [_c(A_PREFETCH)], inbounds=False))
         new_accs = []
         for r in range(blk.mr):
             a_val = b.load(b.gep(a_row, [_c(r * lda if lda else r)], inbounds=True))
@@ -994,6 +996,13 @@ PACK_PREFETCH_ROWS = int(os.environ.get("POLYML_PACK_PREFETCH", "8"))
 #: compare; fourteenth session, Zen 1: 2048³ MatMul 0.98-0.99x the time at 1 and 2 threads,
 #: MobileNetV2's 1x1 steps 0.99x in sum, 96→24 @56 0.89x, none slower)
 C_PREFETCH = os.environ.get("POLYML_C_PREFETCH", "1") != "0"
+#: floats ahead of the current step at which micro-kernels reading a packed A panel prefetch
+#: it (``POLYML_A_PREFETCH``, 0: none): the next panels of a pre-packed A (the weights) come
+#: from memory, a stream the hardware prefetcher runs too late for the kernel's pace.
+#: Seventeenth session, ResNet-50 at 2 threads, whole model alternated: 192, 384, 768 floats
+#: 0.96, 0.95, 0.95 (512->2048 @7x7 steps 0.82, Winograd's products 0.82-0.95); 512->2048
+#: @7x7 alone after a cache flush 0.90-0.92
+A_PREFETCH = int(os.environ.get("POLYML_A_PREFETCH", "384"))
 
 
 def _prefetch(b: ir.IRBuilder, ptr: ir.Value, write: bool = False) -> None:
