@@ -390,8 +390,15 @@ def row_align(win: Window, nr: int) -> int:
     of pitch space lies inside one output row, stored straight into C, or wholly in the row's
     padding, skipped; else 1 (the natural pitch: a wider one would add partial tiles, not remove
     them).  On the natural pitch (113 for a 3x3/2 @224) one tile in seven straddles two rows and
-    goes through the stack tile and the remap."""
-    return nr if win.out[1] % nr == 0 else 1
+    goes through the stack tile and the remap.  Rows of at least
+    :data:`~polyml.codegen.gemm.IN_PLACE_TAIL_MIN_TILES` tiles align to ``nr`` too: each row
+    then ends in a partial tile whose kernel stores only the row's columns into C
+    (:func:`polyml.codegen.gemm.in_place_tail`)."""
+    from polyml.codegen.gemm import IN_PLACE_TAIL, IN_PLACE_TAIL_MIN_TILES
+
+    if win.out[1] % nr == 0 or (IN_PLACE_TAIL and win.out[1] >= IN_PLACE_TAIL_MIN_TILES * nr):
+        return nr
+    return 1
 
 
 @dataclass(frozen=True)

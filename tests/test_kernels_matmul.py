@@ -458,6 +458,37 @@ def test_edge_column_kernels(blocking: str | None, monkeypatch) -> None:
             check(conv, feeds_for({"x": (1, k, h, w)}), conv="gemm", cache=False, threads=threads)
 
 
+@pytest.mark.parametrize("blocking", [None, "mr=6,nr=16,width=8"], ids=["host", "avx2-like"])
+def test_in_place_tail_tiles(blocking: str | None, monkeypatch) -> None:
+    """In-place stems with output rows of two register tiles or more get planes aligned to the
+    tile and each row's partial last tile stored into C by a kernel of ``nr/2`` or ``nr``
+    columns that stores only the row's (masked where fewer): rows of 111, 112, 88 and 56
+    columns (tails of 15, 16, 24 and 24 on 32-column tiles, 15, 0, 8, 8 on 16-column ones),
+    partial row panels (20 and 13 channels), 1 and 2 threads, against onnxruntime."""
+    from polyml.kernels.conv import conv_window, row_align
+
+    from polyml.codegen.gemm import IN_PLACE_TAIL_MIN_TILES, blocking_for_host
+    from polyml.graph import Node, TensorType
+
+    if blocking:
+        monkeypatch.setenv("POLYML_GEMM_BLOCKING", blocking)
+    monkeypatch.setenv("POLYML_CONV_INPLACE", "1")
+    nr = blocking_for_host().nr
+    rng = np.random.default_rng(6)
+    for xs, ws, attrs in (((1, 3, 12, 224), (20, 3, 3, 3), {"strides": [2, 2]}),
+                          ((1, 3, 12, 224), (13, 3, 3, 3), {"strides": [2, 2], "pads": [1, 1, 1, 1]}),
+                          ((1, 3, 20, 176), (20, 3, 7, 7), {"strides": [2, 2], "pads": [3, 3, 3, 3]}),
+                          ((1, 3, 20, 112), (13, 3, 7, 7), {"strides": [2, 2], "pads": [3, 3, 3, 3]})):
+        node = Node("c", "Conv", ["x", "w"], ["y"], {"kernel_shape": list(ws[2:]), **attrs})
+        out = conv_window(node, TensorType(xs), TensorType(ws)).out[1]
+        aligned = out % nr == 0 or out >= IN_PLACE_TAIL_MIN_TILES * nr
+        assert row_align(conv_window(node, TensorType(xs), TensorType(ws)), nr) == (nr if aligned else 1)
+        w = rng.standard_normal(ws).astype(np.float32)
+        conv = node_model("Conv", {"x": xs}, initializers={"w": w}, **attrs)
+        for threads in (1, 2):
+            check(conv, feeds_for({"x": xs}), conv="gemm", cache=False, threads=threads)
+
+
 def test_gemm_blocking_override_errors(monkeypatch) -> None:
     from polyml.codegen.gemm import blocking_for_host
     from polyml.errors import PolymlError

@@ -360,7 +360,7 @@ def add_edge_tile(b: ir.IRBuilder, tile: ir.Value, nr: int, c_addr: Callable[[ir
 
 def tile_loop(b: ir.IRBuilder, zero: ir.Constant, mr: int, vectors: int, trip: ir.Value, iv_name: str,
               step: Callable[[ir.Value, list[list[ir.Value]]], list[list[ir.Value]]], c: ir.Value, ldc: ir.Value,
-              accumulate: ir.Value, add: Callable[[ir.Value, ir.Value], ir.Value]) -> None:
+              accumulate: ir.Value, add: Callable[[ir.Value, ir.Value], ir.Value], cols: int = 0) -> None:
     """The micro-kernels' common frame (float :func:`micro_kernel`, integer
     :func:`polyml.codegen.igemm.micro_kernel`): ``mr × vectors`` register accumulators of the
     vector type of ``zero``, ``zero`` on entry, carried by phis through ``for (iv = 0; iv < trip; ++iv) accs =
@@ -368,7 +368,8 @@ def tile_loop(b: ir.IRBuilder, zero: ir.Constant, mr: int, vectors: int, trip: i
     row into ``C`` (row stride ``ldc``) or, with ``accumulate``, added to it (``add``); ends the
     function (``ret void``).  Before the reduction the tile's C lines (first and last element of
     each row) are prefetched for writing (:data:`C_PREFETCH`), so the store at the end does not
-    wait for them."""
+    wait for them.  ``cols`` (float tiles): only the first ``cols`` columns of each row are
+    stored (masked), 0: all."""
     vec = zero.type
     width = vec.count
     if C_PREFETCH:
@@ -410,14 +411,25 @@ def tile_loop(b: ir.IRBuilder, zero: ir.Constant, mr: int, vectors: int, trip: i
             for v in range(vectors):
                 ptr = b.bitcast(b.gep(c_row, [_c(v * width)], inbounds=True), vec.as_pointer())
                 val = finals[r][v]
+                on = [not cols or v * width + u < cols for u in range(width)]
+                if not any(on):
+                    continue
+                if all(on):
+                    if accumulating:
+                        val = add(b.load(ptr, align=4), val)
+                    b.store(val, ptr, align=4)
+                    continue
+                align = ir.Constant(ir.IntType(32), 4)
                 if accumulating:
-                    val = add(b.load(ptr, align=4), val)
-                b.store(val, ptr, align=4)
+                    load, mask = masked_intrinsic(b, "load", vec, on)
+                    val = add(b.call(load, [ptr, align, mask, zero]), val)
+                store, mask = masked_intrinsic(b, "store", vec, on)
+                b.call(store, [val, ptr, align, mask])
         b.ret_void()
 
 
 def micro_kernel(module: ir.Module, blk: Blocking, attrs: Sequence[str], lda: int = 0, b_rows: bool = False,
-                 b_pitch: int = 0, a_pitch: int = 0) -> ir.Function:
+                 b_pitch: int = 0, a_pitch: int = 0, cols: int = 0) -> ir.Function:
     """``ukernel(kc, Ap, Bp, C, ldc, accumulate)``: one ``mr × nr`` register tile of C.
 
     ``Ap`` is an ``kc × mr`` packed A panel (``lda`` > 0: ``mr`` rows of A in place, row
@@ -428,12 +440,14 @@ def micro_kernel(module: ir.Module, blk: Blocking, attrs: Sequence[str], lda: in
     ``accumulate``, adds) the tile into ``C`` with row stride ``ldc``.  ``b_pitch``: the packed
     panel's row length when it is wider than ``nr`` (a narrow kernel on the first columns of a
     wider panel, :func:`narrow_kernels`); ``a_pitch`` the packed A panel's row length when it
-    is higher than ``mr`` (a short kernel on the first rows of a wider panel, :func:`short_kernel`).
+    is higher than ``mr`` (a short kernel on the first rows of a wider panel, :func:`short_kernel`);
+    ``cols``: the tile stores only its first ``cols`` columns (masked; :func:`in_place_tail`).
     """
     b_pitch = b_pitch or blk.nr
     a_pitch = a_pitch or blk.mr
     name = (f"polyml.ukernel.{blk.mr}x{blk.nr}" + (f".lda{lda}" if lda else "") + (".rows" if b_rows else "")
-            + (f".pitch{b_pitch}" if b_pitch != blk.nr else "") + (f".apitch{a_pitch}" if a_pitch != blk.mr else ""))
+            + (f".pitch{b_pitch}" if b_pitch != blk.nr else "") + (f".apitch{a_pitch}" if a_pitch != blk.mr else "")
+            + (f".cols{cols}" if cols else ""))
     existing = module.globals.get(name)
     if existing is not None:
         return existing
@@ -478,7 +492,7 @@ def micro_kernel(module: ir.Module, blk: Blocking, attrs: Sequence[str], lda: in
             new_accs.append(row)
         return new_accs
 
-    tile_loop(b, zero, blk.mr, blk.vectors, kc, "p", step, c, ldc, accumulate, b.fadd)
+    tile_loop(b, zero, blk.mr, blk.vectors, kc, "p", step, c, ldc, accumulate, b.fadd, cols)
     return fn
 
 
@@ -699,6 +713,7 @@ def block_function(module: ir.Module, name: str, spec: GemmSpec, blk: Blocking, 
     """
     in_place = spec.in_place_b
     ukernel = micro_kernel(module, blk, attrs, b_rows=in_place is not None)
+    tail = in_place_tail(module, in_place, blk, attrs) if in_place is not None else None
     direct = spec.lda > 0 and not spec.prepacked_a
     direct_kernel = micro_kernel(module, blk, attrs, spec.lda) if direct else None
     columns = None if direct else edge_column_kernels(module, blk, attrs, spec.n % blk.nr, ukernel)
@@ -782,7 +797,7 @@ def block_function(module: ir.Module, name: str, spec: GemmSpec, blk: Blocking, 
                         bp = b.gep(ops[in_place.operand], [b.add(jc, jr)], inbounds=True)
                         rows_at = b.gep(row_table, [_c(0), pc], inbounds=True)
                         _store_in_place_tile(b, spec, ops, ukernel, short, kc, ap, bp, rows_at, tile, first, last,
-                                             i0, j0, rows, cols, c, c_addr, mr, nr)
+                                             i0, j0, rows, cols, c, c_addr, mr, nr, tail)
                     else:
                         bp = b.gep(b_block, [b.mul(jr, kc)], inbounds=True)
                         _store_tile(b, spec, ops, blk, ukernel, direct_kernel if direct else None, narrow, short, ap,
@@ -877,16 +892,17 @@ def _store_in_place_tile(b: ir.IRBuilder, spec: GemmSpec, ops: Sequence[ir.Value
                          short: ir.Function | None, kc: ir.Value, ap: ir.Value, bp: ir.Value, rows_at: ir.Value,
                          tile: ir.Value, first: ir.Value, last: ir.Value, i0: ir.Value, j0: ir.Value, rows: ir.Value,
                          cols: ir.Value, c: ir.Value, c_addr: Callable[[ir.Value, ir.Value], ir.Value], mr: int,
-                         nr: int) -> None:
+                         nr: int, tail: tuple[int, ir.Function] | None = None) -> None:
     """One register tile of an in-place product (:class:`InPlaceB`): a whole tile whose
     pitch-space columns lie inside one output row goes straight into C (its columns are one
     contiguous run there) with the epilogue on constant bounds, like a packed product's tile;
     the rest through the stack tile and :func:`_store_remapped`, but for the partial row
     panel's tiles inside a row, which the ``short`` kernel stores into C; a tile wholly in a
     row's padding columns is skipped (planes of aligned rows:
-    :func:`polyml.kernels.conv.row_align`).  (SqueezeNet's 3x3/2 3->64 stem @224, 1 thread,
-    AVX2: every tile through the stack tile spent as long in the remap as in the 27-step
-    micro-kernel.)"""
+    :func:`polyml.kernels.conv.row_align`); with ``tail`` (:func:`in_place_tail`), the last
+    tile of each row goes straight into C by its kernel, which stores only the row's columns.
+    (SqueezeNet's 3x3/2 3->64 stem @224, 1 thread, AVX2: every tile through the stack tile
+    spent as long in the remap as in the 27-step micro-kernel.)"""
     ip = spec.in_place_b
     pitch = _c(ip.pitch)
     oh = b.udiv(j0, pitch)
@@ -904,10 +920,47 @@ def _store_in_place_tile(b: ir.IRBuilder, spec: GemmSpec, ops: Sequence[ir.Value
                 b.call(ukernel, [kc, ap, bp, rows_at, tile, _c(nr), ir.Constant(ir.IntType(1), 0)])
                 _store_remapped(b, spec, ops, tile, nr, first, last, i0, j0, rows, cols, c)
 
-            # a tile not inside one row has fewer than nr columns there: ``cols`` stands for both
-            _short_or(b, spec, short, mr, nr, rows, b.select(inside, cols, _c(0)), remapped,
-                      lambda: b.call(short, [kc, ap, bp, rows_at, c_addr(i0, at), _c(spec.ldc), b.not_(first)]),
-                      lambda: _tile_epilogue(b, spec, ops, last, i0, at, _c(spec.m % mr), _c(nr), c_addr))
+            def edge() -> None:
+                # a tile not inside one row has fewer than nr columns there: ``cols`` stands for both
+                _short_or(b, spec, short, mr, nr, rows, b.select(inside, cols, _c(0)), remapped,
+                          lambda: b.call(short, [kc, ap, bp, rows_at, c_addr(i0, at), _c(spec.ldc), b.not_(first)]),
+                          lambda: _tile_epilogue(b, spec, ops, last, i0, at, _c(spec.m % mr), _c(nr), c_addr))
+
+            if tail is None:
+                edge()
+            else:
+                left, kernel = tail
+                row_end = b.and_(b.icmp_signed("==", rows, _c(mr)), b.icmp_signed("==", b.sub(_c(ip.width), ow), _c(left)))
+                with b.if_else(row_end) as (tail_tile, other):
+                    with tail_tile:
+                        b.call(kernel, [kc, ap, bp, rows_at, c_addr(i0, at), _c(spec.ldc), b.not_(first)])
+                        _tile_epilogue(b, spec, ops, last, i0, at, _c(mr), _c(left), c_addr)
+                    with other:
+                        edge()
+
+
+#: :func:`in_place_tail` (``POLYML_INPLACE_TAIL=0``: off, rows on the natural pitch, for A/B
+#: measurements)
+IN_PLACE_TAIL = os.environ.get("POLYML_INPLACE_TAIL", "1") != "0"
+#: output rows of at least this many register tiles take :func:`in_place_tail`'s aligned rows
+#: (narrower ones would pad a larger share of each row)
+IN_PLACE_TAIL_MIN_TILES = 2
+
+
+def in_place_tail(module: ir.Module, ip: InPlaceB, blk: Blocking, attrs: Sequence[str]) -> tuple[int, ir.Function] | None:
+    """``(t, kernel)`` for an in-place product on rows aligned to the register tile
+    (:func:`polyml.kernels.conv.row_align`) whose output rows end in a partial tile of ``t =
+    width mod nr`` columns: the micro-kernel of the narrowest of ``nr/2`` and ``nr`` that holds
+    them, storing only ``t`` columns (masked), so the row's last tile goes into C too, where on
+    the natural pitch one tile per row straddles two rows and goes through the stack tile and
+    the remap (MobileNet's and ResNet's 112-wide stems: three tiles and 16 columns a row,
+    SqueezeNet's 111: and 15); None otherwise."""
+    left = ip.width % blk.nr
+    if not (IN_PLACE_TAIL and left and ip.pitch % blk.nr == 0 and ip.width >= IN_PLACE_TAIL_MIN_TILES * blk.nr):
+        return None
+    half = blk.nr // 2
+    narrow = replace(blk, nr=half, width=min(blk.width, half)) if left <= half and half % min(blk.width, half) == 0 else blk
+    return left, micro_kernel(module, narrow, attrs, b_rows=True, cols=0 if left == narrow.nr else left)
 
 
 def _store_remapped(b: ir.IRBuilder, spec: GemmSpec, ops: Sequence[ir.Value], tile: ir.Value, nr: int,
