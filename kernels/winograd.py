@@ -132,13 +132,15 @@ def _forced() -> int | None:
 @dataclass(frozen=True)
 class WinogradRule:
     """Where Winograd beats the packed GEMM on one ISA: F(4×4) from ``f4_channels`` input and
-    output channels on maps of at least ``f4_map`` (both sides), else F(2×2) from
-    ``f2_channels`` on maps of at least ``f2_map``."""
+    output channels on maps of at least ``f4_map`` (both sides), in a one-thread build from
+    ``serial_f4_channels`` (0: ``f4_channels``), else F(2×2) from ``f2_channels`` on maps of at
+    least ``f2_map``."""
 
     f4_channels: int
     f4_map: int
     f2_channels: int
     f2_map: int
+    serial_f4_channels: int = 0
 
 
 #: AVX-512 (per-layer tables in docs/PERFORMANCE.md, issue 14; 2 threads, loaded host, Winograd
@@ -152,8 +154,10 @@ class WinogradRule:
 #: @14 0.69 of F(2×2), 96->208 @14 0.82 of F(2×2)); F(2×2) on 7×7 maps (512->512 0.53, 160->320
 #: 0.54, 128->32 0.65; F(4×4) 1.1-1.3) and from 16 channels (16->64 @55 0.86 and 16->16 @56 0.36
 #: of the direct nests; F(4×4) 1.0-1.1): the 6×16 GEMM tile runs at a third of AVX-512's
-#: rate per core, so the transforms' memory passes are cheap next to the multiplications saved
-WINOGRAD_RULES = {"avx512": WinogradRule(32, 24, 96, 14), "avx": WinogradRule(32, 13, 16, 7),
+#: rate per core, so the transforms' memory passes are cheap next to the multiplications saved.
+#: One-thread AVX-512 builds take F(4×4) from 16 channels (seventeenth session, SqueezeNet's
+#: 16->64 @55 per step, minimum of 12, F(4×4) / GEMM: 0.77-0.80 at 1 thread, 0.96-1.15 at 2)
+WINOGRAD_RULES = {"avx512": WinogradRule(32, 24, 96, 14, serial_f4_channels=16), "avx": WinogradRule(32, 13, 16, 7),
                   "other": WinogradRule(32, 24, 96, 14)}
 
 
@@ -164,7 +168,8 @@ def choose_tile(c: int, k: int, out: tuple[int, int]) -> int:
     if forced is not None:
         return forced
     rule = WINOGRAD_RULES[conv_kernel._isa()]  # through the module: one seam pins the ISA (tests)
-    if min(c, k) >= rule.f4_channels and min(out) >= rule.f4_map:
+    f4_channels = rule.f4_channels if packed.threaded() else (rule.serial_f4_channels or rule.f4_channels)
+    if min(c, k) >= f4_channels and min(out) >= rule.f4_map:
         return 4
     if min(c, k) >= rule.f2_channels and min(out) >= rule.f2_map:
         return 2

@@ -98,7 +98,7 @@ def test_transforms_compute_the_correlation(m) -> None:
 def test_winograd_choice(isa, monkeypatch) -> None:
     """3x3/1 one-group convolutions with constant weights take the path by shape and ISA
     (AVX-512: F(4x4) on big maps, F(2x2) on 14x14 with wide channels, neither on 7x7 or 16
-    input channels; AVX2: F(4x4) from 13x13, F(2x2) on 7x7 and from 16 channels); strided,
+    input channels but F(4x4) on big maps in one-thread builds; AVX2: F(4x4) from 13x13, F(2x2) on 7x7 and from 16 channels); strided,
     dilated, grouped, computed-weight and conv=gemm/direct builds keep the GEMM or nests."""
     from polyml.kernels import conv
     from polyml.kernels.conv import _plan
@@ -109,15 +109,15 @@ def test_winograd_choice(isa, monkeypatch) -> None:
     monkeypatch.delenv("POLYML_WINOGRAD", raising=False)
     monkeypatch.setenv("POLYML_CONV_INPLACE", "1")  # the GEMM's fallback mode alike on every ISA
 
-    def mode(c, h, k, conv="auto", constant=True, **attrs):
+    def mode(c, h, k, conv="auto", constant=True, threaded=True, **attrs):
         node = Node("c", "Conv", ["x", "w"], ["y"], {"pads": [1, 1, 1, 1], **attrs})
-        with packed.packed_gemm(True, conv):
+        with packed.packed_gemm(True, conv, threaded):
             plan = _plan(node, TensorType((1, c, h, h)), TensorType((k, c // attrs.get("group", 1), 3, 3)), constant)
         if plan.mode != "winograd":
             return plan.mode
         from polyml.kernels.winograd import winograd_plan
 
-        with packed.packed_gemm(True, conv):
+        with packed.packed_gemm(True, conv, threaded):
             return f"F{winograd_plan(node, TensorType((1, c, h, h)), TensorType((k, c, 3, 3)), plan.win).m}"
 
     assert mode(64, 56, 64) == "F4"
@@ -126,6 +126,8 @@ def test_winograd_choice(isa, monkeypatch) -> None:
         assert mode(64, 13, 256) in ("rows", "gemm_inplace")
         assert mode(512, 7, 512) in ("rows", "gemm_inplace")  # rows on AVX-512 hosts
         assert mode(16, 55, 64) == "gemm_inplace"  # 16 input channels: no Winograd (THIN_GEMM_MIN_CHANNELS)
+        assert mode(16, 55, 64, threaded=False) == "F4"  # but in a one-thread build
+        assert mode(16, 13, 64, threaded=False) in ("rows", "gemm_inplace")
     else:
         assert mode(256, 14, 256) == "F4"
         assert mode(64, 13, 256) == "F4"
