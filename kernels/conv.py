@@ -42,6 +42,7 @@ from polyml.kernels import Kernel, Operand, register
 from polyml.kernels._scalar import PARALLEL_MIN_ELEMENTS
 from polyml.kernels.fused import epilogue, evaluate_chain
 
+from polyml.codegen import gemm as packed_gemm
 from polyml.codegen.builder import Buffer, KernelBuilder, constant, pointer_type
 from polyml.codegen.gemm_rows import RowsSpec
 from polyml.driver.toolchain import host_target
@@ -1058,7 +1059,8 @@ def _convolve_gemm(k: KernelBuilder, plan: _Plan, scratch: Buffer, planes: Buffe
                            load_b, len(operands), ldc=n, epilogue=tile_epilogue if has_epilogue else None,
                            make_builder=make_builder, prepacked_a=prepacked, kc_step=taps, pack_b=pack_b,
                            in_place_b=in_place, b_row_major=load_b is not None,
-                           epilogue_per_row=not fused or all(tt.shape[-1] == 1 for _, _, tt in extras))
+                           epilogue_per_row=not fused or all(tt.shape[-1] == 1 for _, _, tt in extras),
+                           register_epilogue=_register_epilogue(bias_at, chain if fused else None, extras))
     if groups == 1:
         packed_product(k, spec, operands, y_flat, scratch)
         return fused
@@ -1070,6 +1072,16 @@ def _convolve_gemm(k: KernelBuilder, plan: _Plan, scratch: Buffer, planes: Buffe
                [mg * n]]
     batched_product(k, spec, operands, y_flat, scratch, (groups,), strides)
     return fused
+
+
+def _register_epilogue(bias_at: int | None, chain: list[Node] | None, extras: list) -> packed_gemm.RegisterEpilogue | None:
+    """The GEMM epilogue in the form its micro-kernels apply in registers: a bias and no
+    chain, or a chain of ReLUs with no inputs of its own (None otherwise: the epilogue pass)."""
+    if extras or (bias_at is None and not chain):
+        return None
+    if chain and any(n.op_type != "Relu" for n in chain):
+        return None
+    return packed_gemm.RegisterEpilogue(-1 if bias_at is None else bias_at, bool(chain))
 
 
 def _scaled_loader(load: Callable, scale_at: int) -> Callable:

@@ -489,6 +489,47 @@ def test_in_place_tail_tiles(blocking: str | None, monkeypatch) -> None:
             check(conv, feeds_for({"x": xs}), conv="gemm", cache=False, threads=threads)
 
 
+#: (input, weights, attributes, chain after the conv): products whose epilogue runs in the
+#: micro-kernels' registers or does not
+REGISTER_EPILOGUE_CASES = [
+    ((1, 40, 9, 37), (30, 40, 1, 1), {}, "Relu", True),  # bias + ReLU, edge tiles on the pass
+    ((1, 600, 5, 13), (26, 600, 1, 1), {}, "Relu", True),  # several reduction blocks: after the last
+    ((1, 24, 7, 40), (16, 24, 1, 1), {}, "", True),  # bias only
+    ((1, 3, 20, 224), (20, 3, 3, 3), {"strides": [2, 2]}, "Relu", True),  # in-place stem and its row tails
+    ((1, 40, 9, 37), (30, 40, 1, 1), {}, "Sigmoid", False),  # other chains: the epilogue pass
+]
+
+
+@pytest.mark.parametrize("xs,ws,attrs,act,in_registers", REGISTER_EPILOGUE_CASES)
+def test_register_epilogue(xs, ws, attrs, act, in_registers, tmp_path) -> None:
+    """A conv as a product with a bias and ReLU (or a bias alone) applies them to the whole
+    tiles' accumulators before the store (RegisterEpilogue: an ``.epi`` micro-kernel), after
+    the last reduction block only; other chains keep the epilogue pass; results against
+    onnxruntime at 1 and 2 threads."""
+    from onnx import TensorProto, helper
+
+    from polyml.codegen.gemm import blocking_for_host
+
+    rng = np.random.default_rng(7)
+    w = rng.standard_normal(ws).astype(np.float32)
+    bias = rng.standard_normal(ws[0]).astype(np.float32)
+    inits = [helper.make_tensor("w", TensorProto.FLOAT, w.shape, w.ravel()), helper.make_tensor("b", TensorProto.FLOAT, bias.shape, bias)]
+    nodes = [helper.make_node("Conv", ["x", "w", "b"], ["c" if act else "y"], kernel_shape=list(ws[2:]), **attrs)]
+    if act:
+        nodes.append(helper.make_node(act, ["c"], ["y"]))
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, list(xs))],
+                              [helper.make_empty_tensor_value_info("y")], initializer=inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    for threads in (1, 2):
+        check(model, feeds_for({"x": xs}), conv="gemm", cache=False, threads=threads)
+    if blocking_for_host().nr == 32:  # the IR names on this host's blocking
+        path = tmp_path / "m.onnx"
+        onnx.save(model, str(path))
+        polyml_compile(path, tmp_path / "build", emit=["ll"], conv="gemm", cache=False)
+        ir_text = "".join(p.read_text() for p in (tmp_path / "build").glob("ops.*.ll") if ".opt." not in p.name)
+        assert ('.epi1' in ir_text) == in_registers
+
+
 def test_gemm_blocking_override_errors(monkeypatch) -> None:
     from polyml.codegen.gemm import blocking_for_host
     from polyml.errors import PolymlError

@@ -149,6 +149,22 @@ class InPlaceB:
     width: int
 
 
+@dataclass(frozen=True)
+class RegisterEpilogue:
+    """An epilogue ``y = act(c + bias[i])`` (``bias``: the operand index of a per-row bias,
+    -1: none; ``relu``: ``act`` is ReLU, else none) that the micro-kernel applies to its
+    accumulators before the store after the last reduction block, instead of a pass that
+    reloads the tile from C (:data:`REGISTER_EPILOGUE`)."""
+
+    bias: int
+    relu: bool
+
+
+#: full register tiles apply a :class:`RegisterEpilogue` in registers (``POLYML_GEMM_REGISTER_EPILOGUE=0``:
+#: the epilogue pass on C, for A/B measurements)
+REGISTER_EPILOGUE = os.environ.get("POLYML_GEMM_REGISTER_EPILOGUE", "1") != "0"
+
+
 @dataclass
 class GemmSpec:
     """One product ``C (M×N, row stride ldc) = A (M×K) · B (K×N)`` and how to read it."""
@@ -193,6 +209,9 @@ class GemmSpec:
     #: ``load_b`` reads a row-major B (a 1x1 convolution's input): pack each ``kc × nc`` block
     #: row by row (:func:`_pack_b_rows`) rather than panel by panel
     b_row_major: bool = False
+    #: the epilogue in the simple form the micro-kernels apply to their registers
+    #: (:class:`RegisterEpilogue`); ``epilogue`` still runs on the edge tiles
+    register_epilogue: RegisterEpilogue | None = None
 
     def __post_init__(self) -> None:
         self.ldc = self.ldc or self.n
@@ -360,7 +379,8 @@ def add_edge_tile(b: ir.IRBuilder, tile: ir.Value, nr: int, c_addr: Callable[[ir
 
 def tile_loop(b: ir.IRBuilder, zero: ir.Constant, mr: int, vectors: int, trip: ir.Value, iv_name: str,
               step: Callable[[ir.Value, list[list[ir.Value]]], list[list[ir.Value]]], c: ir.Value, ldc: ir.Value,
-              accumulate: ir.Value, add: Callable[[ir.Value, ir.Value], ir.Value], cols: int = 0) -> None:
+              accumulate: ir.Value, add: Callable[[ir.Value, ir.Value], ir.Value], cols: int = 0,
+              post: Callable[[int, ir.Value], ir.Value] | None = None) -> None:
     """The micro-kernels' common frame (float :func:`micro_kernel`, integer
     :func:`polyml.codegen.igemm.micro_kernel`): ``mr × vectors`` register accumulators of the
     vector type of ``zero``, ``zero`` on entry, carried by phis through ``for (iv = 0; iv < trip; ++iv) accs =
@@ -369,7 +389,8 @@ def tile_loop(b: ir.IRBuilder, zero: ir.Constant, mr: int, vectors: int, trip: i
     function (``ret void``).  Before the reduction the tile's C lines (first and last element of
     each row) are prefetched for writing (:data:`C_PREFETCH`), so the store at the end does not
     wait for them.  ``cols`` (float tiles): only the first ``cols`` columns of each row are
-    stored (masked), 0: all."""
+    stored (masked), 0: all; ``post(r, value)``: applied to each of row ``r``'s vectors
+    before the store (after the add)."""
     vec = zero.type
     width = vec.count
     if C_PREFETCH:
@@ -408,6 +429,7 @@ def tile_loop(b: ir.IRBuilder, zero: ir.Constant, mr: int, vectors: int, trip: i
         b.position_at_end(bb)
         for r in range(mr):
             c_row = b.gep(c, [b.mul(ldc, _c(r), flags=["nsw"])], inbounds=True)
+            finish = (lambda v, r=r: post(r, v)) if post is not None else (lambda v: v)
             for v in range(vectors):
                 ptr = b.bitcast(b.gep(c_row, [_c(v * width)], inbounds=True), vec.as_pointer())
                 val = finals[r][v]
@@ -417,19 +439,20 @@ def tile_loop(b: ir.IRBuilder, zero: ir.Constant, mr: int, vectors: int, trip: i
                 if all(on):
                     if accumulating:
                         val = add(b.load(ptr, align=4), val)
-                    b.store(val, ptr, align=4)
+                    b.store(finish(val), ptr, align=4)
                     continue
                 align = ir.Constant(ir.IntType(32), 4)
                 if accumulating:
                     load, mask = masked_intrinsic(b, "load", vec, on)
                     val = add(b.call(load, [ptr, align, mask, zero]), val)
                 store, mask = masked_intrinsic(b, "store", vec, on)
-                b.call(store, [val, ptr, align, mask])
+                b.call(store, [finish(val), ptr, align, mask])
         b.ret_void()
 
 
 def micro_kernel(module: ir.Module, blk: Blocking, attrs: Sequence[str], lda: int = 0, b_rows: bool = False,
-                 b_pitch: int = 0, a_pitch: int = 0, cols: int = 0) -> ir.Function:
+                 b_pitch: int = 0, a_pitch: int = 0, cols: int = 0, epilogue: RegisterEpilogue | None = None
+                 ) -> ir.Function:
     """``ukernel(kc, Ap, Bp, C, ldc, accumulate)``: one ``mr × nr`` register tile of C.
 
     ``Ap`` is an ``kc × mr`` packed A panel (``lda`` > 0: ``mr`` rows of A in place, row
@@ -441,25 +464,33 @@ def micro_kernel(module: ir.Module, blk: Blocking, attrs: Sequence[str], lda: in
     panel's row length when it is wider than ``nr`` (a narrow kernel on the first columns of a
     wider panel, :func:`narrow_kernels`); ``a_pitch`` the packed A panel's row length when it
     is higher than ``mr`` (a short kernel on the first rows of a wider panel, :func:`short_kernel`);
-    ``cols``: the tile stores only its first ``cols`` columns (masked; :func:`in_place_tail`).
+    ``cols``: the tile stores only its first ``cols`` columns (masked; :func:`in_place_tail`);
+    ``epilogue``: two more arguments ``(bias_rows, last)``, the bias of the tile's first row and
+    whether this is the last reduction block, after which the tile is stored as
+    ``act(c + bias[r])`` (:class:`RegisterEpilogue`).
     """
     b_pitch = b_pitch or blk.nr
     a_pitch = a_pitch or blk.mr
     name = (f"polyml.ukernel.{blk.mr}x{blk.nr}" + (f".lda{lda}" if lda else "") + (".rows" if b_rows else "")
             + (f".pitch{b_pitch}" if b_pitch != blk.nr else "") + (f".apitch{a_pitch}" if a_pitch != blk.mr else "")
-            + (f".cols{cols}" if cols else ""))
+            + (f".cols{cols}" if cols else "")
+            + (f".epi{int(epilogue.bias >= 0)}{int(epilogue.relu)}" if epilogue is not None else ""))
     existing = module.globals.get(name)
     if existing is not None:
         return existing
     vec = ir.VectorType(F32, blk.width)
     i32p = ir.IntType(32).as_pointer()
-    fn = _function(module, name, [I64, F32P, F32P, *([i32p] if b_rows else []), F32P, I64, ir.IntType(1)], attrs,
-                   blk.width == 16)
+    fn = _function(module, name, [I64, F32P, F32P, *([i32p] if b_rows else []), F32P, I64, ir.IntType(1),
+                                  *([F32P, ir.IntType(1)] if epilogue is not None else [])], attrs, blk.width == 16)
     fn.linkage = "internal"
+    args = list(fn.args)
+    if epilogue is not None:
+        bias_rows, last = args[-2:]
+        args = args[:-2]
     if b_rows:
-        kc, ap, bp, rows_at, c, ldc, accumulate = fn.args
+        kc, ap, bp, rows_at, c, ldc, accumulate = args
     else:
-        kc, ap, bp, c, ldc, accumulate = fn.args
+        kc, ap, bp, c, ldc, accumulate = args
     for a in (ap, bp, c):
         a.add_attribute("noalias")
     b = ir.IRBuilder(fn.append_basic_block("entry"))
@@ -492,7 +523,17 @@ def micro_kernel(module: ir.Module, blk: Blocking, attrs: Sequence[str], lda: in
             new_accs.append(row)
         return new_accs
 
-    tile_loop(b, zero, blk.mr, blk.vectors, kc, "p", step, c, ldc, accumulate, b.fadd, cols)
+    post = None
+    if epilogue is not None:
+        def post(r: int, v: ir.Value) -> ir.Value:
+            out = v
+            if epilogue.bias >= 0:
+                out = b.fadd(out, splat(b, b.load(b.gep(bias_rows, [_c(r)], inbounds=True)), vec))
+            if epilogue.relu:  # as the scalar ReLU: select(x > 0, x, 0), so NaN gives 0
+                out = b.select(b.fcmp_ordered(">", out, zero), out, zero)
+            return b.select(last, out, v)
+
+    tile_loop(b, zero, blk.mr, blk.vectors, kc, "p", step, c, ldc, accumulate, b.fadd, cols, post)
     return fn
 
 
@@ -713,8 +754,10 @@ def block_function(module: ir.Module, name: str, spec: GemmSpec, blk: Blocking, 
     """
     in_place = spec.in_place_b
     ukernel = micro_kernel(module, blk, attrs, b_rows=in_place is not None)
-    tail = in_place_tail(module, in_place, blk, attrs) if in_place is not None else None
     direct = spec.lda > 0 and not spec.prepacked_a
+    epi = spec.register_epilogue if REGISTER_EPILOGUE and spec.epilogue is not None and not direct else None
+    epi_kernel = micro_kernel(module, blk, attrs, b_rows=in_place is not None, epilogue=epi) if epi else None
+    tail = in_place_tail(module, in_place, blk, attrs, epi) if in_place is not None else None
     direct_kernel = micro_kernel(module, blk, attrs, spec.lda) if direct else None
     columns = None if direct else edge_column_kernels(module, blk, attrs, spec.n % blk.nr, ukernel)
     narrow = (0, ()) if columns else narrow_kernels(module, blk, attrs, spec.lda if direct else 0, spec.n % blk.nr)
@@ -745,6 +788,17 @@ def block_function(module: ir.Module, name: str, spec: GemmSpec, blk: Blocking, 
 
     def c_addr(i: ir.Value, j: ir.Value) -> ir.Value:
         return b.gep(c, [b.add(b.mul(i, ldc, flags=["nsw"]), j, flags=["nsw"])], inbounds=True)
+
+    def in_registers(kernel: ir.Function) -> Callable[[list[ir.Value], ir.Value, ir.Value], None] | None:
+        """``call(args, i0, last)``: ``kernel`` (an ``epilogue`` variant) with the bias of row
+        ``i0`` and ``last``; None without a register epilogue."""
+        if epi is None:
+            return None
+
+        def call(args: list[ir.Value], i0: ir.Value, last: ir.Value) -> None:
+            bias_rows = b.gep(ops[epi.bias], [i0], inbounds=True) if epi.bias >= 0 else c
+            b.call(kernel, [*args, bias_rows, last])
+        return call
 
     nc_block = block_nc(spec, blk)
     n_blocks = b.sdiv(b.add(b.sub(n1, n0), _c(nc_block - 1)), _c(nc_block))
@@ -797,11 +851,14 @@ def block_function(module: ir.Module, name: str, spec: GemmSpec, blk: Blocking, 
                         bp = b.gep(ops[in_place.operand], [b.add(jc, jr)], inbounds=True)
                         rows_at = b.gep(row_table, [_c(0), pc], inbounds=True)
                         _store_in_place_tile(b, spec, ops, ukernel, short, kc, ap, bp, rows_at, tile, first, last,
-                                             i0, j0, rows, cols, c, c_addr, mr, nr, tail)
+                                             i0, j0, rows, cols, c, c_addr, mr, nr, tail,
+                                             in_registers(epi_kernel) if epi else None,
+                                             in_registers(tail[1]) if epi and tail else None)
                     else:
                         bp = b.gep(b_block, [b.mul(jr, kc)], inbounds=True)
                         _store_tile(b, spec, ops, blk, ukernel, direct_kernel if direct else None, narrow, short, ap,
-                                    bp, tile, first, last, i0, j0, pc, kc, rows, cols, c_addr, columns)
+                                    bp, tile, first, last, i0, j0, pc, kc, rows, cols, c_addr, columns,
+                                    in_registers(epi_kernel) if epi else None)
 
                 if rows_outer(spec, blk):  # a row panel's tiles along C's rows, then the next panel
                     with for_range(b, 0, panels_m, name="ir") as ipn, for_range(b, 0, panels_n, name="jr") as jp:
@@ -817,11 +874,13 @@ def _store_tile(b: ir.IRBuilder, spec: GemmSpec, ops: Sequence[ir.Value], blk: B
                 direct_kernel: ir.Function | None, narrow: tuple[int, Sequence[ir.Function]], short: ir.Function | None,
                 ap: ir.Value, bp: ir.Value, tile: ir.Value, first: ir.Value, last: ir.Value, i0: ir.Value,
                 j0: ir.Value, pc: ir.Value, kc: ir.Value, rows: ir.Value, cols: ir.Value,
-                c_addr: Callable[[ir.Value, ir.Value], ir.Value], columns: EdgeColumns | None = None) -> None:
+                c_addr: Callable[[ir.Value, ir.Value], ir.Value], columns: EdgeColumns | None = None,
+                whole_in_registers: Callable[[list[ir.Value], ir.Value, ir.Value], None] | None = None) -> None:
     """One register tile of C: whole tiles straight into C, so are the whole-width tiles of
     the partial row panel (by the ``short`` kernel); the other edge tiles through the stack
     tile (those of at most ``narrow[0]`` columns by a ``narrow`` kernel, those of the last
-    panel's ``columns.tail`` by its kernels); the epilogue after the last ``kc`` block."""
+    panel's ``columns.tail`` by its kernels); the epilogue after the last ``kc`` block (in the
+    whole tiles' registers with ``whole_in_registers``: :class:`RegisterEpilogue`)."""
     mr, nr = blk.mr, blk.nr
     ldc = _c(spec.ldc)
     full = b.and_(b.icmp_signed("==", rows, _c(mr)), b.icmp_signed("==", cols, _c(nr)))
@@ -837,9 +896,12 @@ def _store_tile(b: ir.IRBuilder, spec: GemmSpec, ops: Sequence[ir.Value], blk: B
             edge_kernel = b.select(whole_rows, narrow_fns[1], narrow_fns[0])
     with b.if_else(full) as (then, otherwise):
         with then:
-            b.call(kernel, [kc, ap, bp, c_addr(i0, j0), ldc, b.not_(first)])
-            # constant bounds: LLVM vectorizes the epilogue along the tile's row
-            _tile_epilogue(b, spec, ops, last, i0, j0, _c(mr), _c(nr), c_addr)
+            if whole_in_registers is not None:
+                whole_in_registers([kc, ap, bp, c_addr(i0, j0), ldc, b.not_(first)], i0, last)
+            else:
+                b.call(kernel, [kc, ap, bp, c_addr(i0, j0), ldc, b.not_(first)])
+                # constant bounds: LLVM vectorizes the epilogue along the tile's row
+                _tile_epilogue(b, spec, ops, last, i0, j0, _c(mr), _c(nr), c_addr)
         with otherwise:
             def into_tile(k: ir.Value) -> None:
                 b.call(k, [kc, ap, bp, tile, _c(nr), ir.Constant(ir.IntType(1), 0)])
@@ -892,7 +954,9 @@ def _store_in_place_tile(b: ir.IRBuilder, spec: GemmSpec, ops: Sequence[ir.Value
                          short: ir.Function | None, kc: ir.Value, ap: ir.Value, bp: ir.Value, rows_at: ir.Value,
                          tile: ir.Value, first: ir.Value, last: ir.Value, i0: ir.Value, j0: ir.Value, rows: ir.Value,
                          cols: ir.Value, c: ir.Value, c_addr: Callable[[ir.Value, ir.Value], ir.Value], mr: int,
-                         nr: int, tail: tuple[int, ir.Function] | None = None) -> None:
+                         nr: int, tail: tuple[int, ir.Function] | None = None,
+                         whole_in_registers: Callable[[list[ir.Value], ir.Value, ir.Value], None] | None = None,
+                         tail_in_registers: Callable[[list[ir.Value], ir.Value, ir.Value], None] | None = None) -> None:
     """One register tile of an in-place product (:class:`InPlaceB`): a whole tile whose
     pitch-space columns lie inside one output row goes straight into C (its columns are one
     contiguous run there) with the epilogue on constant bounds, like a packed product's tile;
@@ -901,7 +965,8 @@ def _store_in_place_tile(b: ir.IRBuilder, spec: GemmSpec, ops: Sequence[ir.Value
     row's padding columns is skipped (planes of aligned rows:
     :func:`polyml.kernels.conv.row_align`); with ``tail`` (:func:`in_place_tail`), the last
     tile of each row goes straight into C by its kernel, which stores only the row's columns.
-    (SqueezeNet's 3x3/2 3->64 stem @224, 1 thread, AVX2: every tile through the stack tile
+    ``*_in_registers``: those tiles' kernels with the epilogue in registers
+    (:class:`RegisterEpilogue`).  (SqueezeNet's 3x3/2 3->64 stem @224, 1 thread, AVX2: every tile through the stack tile
     spent as long in the remap as in the 27-step micro-kernel.)"""
     ip = spec.in_place_b
     pitch = _c(ip.pitch)
@@ -913,8 +978,12 @@ def _store_in_place_tile(b: ir.IRBuilder, spec: GemmSpec, ops: Sequence[ir.Value
     padding = b.and_(b.icmp_signed(">=", ow, _c(ip.width)), b.icmp_signed("<=", b.add(ow, cols), pitch))
     with b.if_then(b.not_(padding)), b.if_else(b.and_(whole, inside)) as (then, otherwise):
         with then:
-            b.call(ukernel, [kc, ap, bp, rows_at, c_addr(i0, at), _c(spec.ldc), b.not_(first)])
-            _tile_epilogue(b, spec, ops, last, i0, at, _c(mr), _c(nr), c_addr)
+            args = [kc, ap, bp, rows_at, c_addr(i0, at), _c(spec.ldc), b.not_(first)]
+            if whole_in_registers is not None:
+                whole_in_registers(args, i0, last)
+            else:
+                b.call(ukernel, args)
+                _tile_epilogue(b, spec, ops, last, i0, at, _c(mr), _c(nr), c_addr)
         with otherwise:
             def remapped() -> None:
                 b.call(ukernel, [kc, ap, bp, rows_at, tile, _c(nr), ir.Constant(ir.IntType(1), 0)])
@@ -933,8 +1002,12 @@ def _store_in_place_tile(b: ir.IRBuilder, spec: GemmSpec, ops: Sequence[ir.Value
                 row_end = b.and_(b.icmp_signed("==", rows, _c(mr)), b.icmp_signed("==", b.sub(_c(ip.width), ow), _c(left)))
                 with b.if_else(row_end) as (tail_tile, other):
                     with tail_tile:
-                        b.call(kernel, [kc, ap, bp, rows_at, c_addr(i0, at), _c(spec.ldc), b.not_(first)])
-                        _tile_epilogue(b, spec, ops, last, i0, at, _c(mr), _c(left), c_addr)
+                        args = [kc, ap, bp, rows_at, c_addr(i0, at), _c(spec.ldc), b.not_(first)]
+                        if tail_in_registers is not None:
+                            tail_in_registers(args, i0, last)
+                        else:
+                            b.call(kernel, args)
+                            _tile_epilogue(b, spec, ops, last, i0, at, _c(mr), _c(left), c_addr)
                     with other:
                         edge()
 
@@ -947,20 +1020,23 @@ IN_PLACE_TAIL = os.environ.get("POLYML_INPLACE_TAIL", "1") != "0"
 IN_PLACE_TAIL_MIN_TILES = 2
 
 
-def in_place_tail(module: ir.Module, ip: InPlaceB, blk: Blocking, attrs: Sequence[str]) -> tuple[int, ir.Function] | None:
+def in_place_tail(module: ir.Module, ip: InPlaceB, blk: Blocking, attrs: Sequence[str],
+                  epilogue: RegisterEpilogue | None = None) -> tuple[int, ir.Function] | None:
     """``(t, kernel)`` for an in-place product on rows aligned to the register tile
     (:func:`polyml.kernels.conv.row_align`) whose output rows end in a partial tile of ``t =
     width mod nr`` columns: the micro-kernel of the narrowest of ``nr/2`` and ``nr`` that holds
     them, storing only ``t`` columns (masked), so the row's last tile goes into C too, where on
     the natural pitch one tile per row straddles two rows and goes through the stack tile and
     the remap (MobileNet's and ResNet's 112-wide stems: three tiles and 16 columns a row,
-    SqueezeNet's 111: and 15); None otherwise."""
+    SqueezeNet's 111: and 15); None otherwise.  With ``epilogue``, the kernel's
+    :class:`RegisterEpilogue` variant."""
     left = ip.width % blk.nr
     if not (IN_PLACE_TAIL and left and ip.pitch % blk.nr == 0 and ip.width >= IN_PLACE_TAIL_MIN_TILES * blk.nr):
         return None
     half = blk.nr // 2
     narrow = replace(blk, nr=half, width=min(blk.width, half)) if left <= half and half % min(blk.width, half) == 0 else blk
-    return left, micro_kernel(module, narrow, attrs, b_rows=True, cols=0 if left == narrow.nr else left)
+    return left, micro_kernel(module, narrow, attrs, b_rows=True, cols=0 if left == narrow.nr else left,
+                              epilogue=epilogue)
 
 
 def _store_remapped(b: ir.IRBuilder, spec: GemmSpec, ops: Sequence[ir.Value], tile: ir.Value, nr: int,
