@@ -1075,13 +1075,23 @@ def _convolve_gemm(k: KernelBuilder, plan: _Plan, scratch: Buffer, planes: Buffe
 
 
 def _register_epilogue(bias_at: int | None, chain: list[Node] | None, extras: list) -> packed_gemm.RegisterEpilogue | None:
-    """The GEMM epilogue in the form its micro-kernels apply in registers: a bias and no
-    chain, or a chain of ReLUs with no inputs of its own (None otherwise: the epilogue pass)."""
+    """The GEMM epilogue in the form its micro-kernels apply in registers: a bias and a chain
+    (possibly empty) of ReLUs and Clips with constant bounds, each reading the one before, with
+    no inputs of its own (None otherwise: the epilogue pass)."""
     if extras or (bias_at is None and not chain):
         return None
-    if chain and any(n.op_type != "Relu" for n in chain):
-        return None
-    return packed_gemm.RegisterEpilogue(-1 if bias_at is None else bias_at, bool(chain))
+    steps = []
+    for prev, n in zip([None, *(chain or [])], chain or []):
+        if prev is not None and n.inputs[:1] != prev.outputs[:1]:
+            return None
+        if n.op_type == "Relu":
+            steps.append(("relu", None, None))
+        elif n.op_type == "Clip" and not any(n.inputs[1:]):
+            lo, hi = n.attrs.get("min"), n.attrs.get("max")
+            steps.append(("clip", None if lo is None else float(lo), None if hi is None else float(hi)))
+        else:
+            return None
+    return packed_gemm.RegisterEpilogue(-1 if bias_at is None else bias_at, tuple(steps))
 
 
 def _scaled_loader(load: Callable, scale_at: int) -> Callable:

@@ -52,6 +52,7 @@ import numpy as np
 from polyml.kernels.elementwise import elementwise_ops
 from polyml.passes.attention import FuseAttention
 from polyml.passes.conv_scale import fold_conv_input_scales
+from polyml.passes.clip_bounds import fold_clip_bounds
 from polyml.passes.silu import fold_silu
 
 from polyml.graph import Graph, Node, TensorType
@@ -89,6 +90,7 @@ class FuseOperators:
         report = FusionReport()
         _batchnorm_to_affine(g)
         fold_silu(g)  # x·sigmoid(x) read once, so it can be a conv epilogue
+        fold_clip_bounds(g)  # constant bounds: a chain with no inputs of its own
         if self.fold_into_conv:
             _fold_affine_into_conv(g, report)
         if self.attention:

@@ -496,13 +496,15 @@ REGISTER_EPILOGUE_CASES = [
     ((1, 600, 5, 13), (26, 600, 1, 1), {}, "Relu", True),  # several reduction blocks: after the last
     ((1, 24, 7, 40), (16, 24, 1, 1), {}, "", True),  # bias only
     ((1, 3, 20, 224), (20, 3, 3, 3), {"strides": [2, 2]}, "Relu", True),  # in-place stem and its row tails
+    ((1, 40, 9, 37), (30, 40, 1, 1), {}, "Clip", True),  # ReLU6 with constant bounds (inputs)
+    ((1, 40, 9, 37), (30, 40, 1, 1), {}, "Clip-max", True),  # an upper bound only
     ((1, 40, 9, 37), (30, 40, 1, 1), {}, "Sigmoid", False),  # other chains: the epilogue pass
 ]
 
 
 @pytest.mark.parametrize("xs,ws,attrs,act,in_registers", REGISTER_EPILOGUE_CASES)
 def test_register_epilogue(xs, ws, attrs, act, in_registers, tmp_path) -> None:
-    """A conv as a product with a bias and ReLU (or a bias alone) applies them to the whole
+    """A conv as a product with a bias and ReLU or Clip (or a bias alone) applies them to the whole
     tiles' accumulators before the store (RegisterEpilogue: an ``.epi`` micro-kernel), after
     the last reduction block only; other chains keep the epilogue pass; results against
     onnxruntime at 1 and 2 threads."""
@@ -515,7 +517,10 @@ def test_register_epilogue(xs, ws, attrs, act, in_registers, tmp_path) -> None:
     bias = rng.standard_normal(ws[0]).astype(np.float32)
     inits = [helper.make_tensor("w", TensorProto.FLOAT, w.shape, w.ravel()), helper.make_tensor("b", TensorProto.FLOAT, bias.shape, bias)]
     nodes = [helper.make_node("Conv", ["x", "w", "b"], ["c" if act else "y"], kernel_shape=list(ws[2:]), **attrs)]
-    if act:
+    if act.startswith("Clip"):
+        inits += [helper.make_tensor("lo", TensorProto.FLOAT, [], [0.0]), helper.make_tensor("hi", TensorProto.FLOAT, [], [6.0])]
+        nodes.append(helper.make_node("Clip", ["c", "" if act == "Clip-max" else "lo", "hi"], ["y"]))
+    elif act:
         nodes.append(helper.make_node(act, ["c"], ["y"]))
     graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, list(xs))],
                               [helper.make_empty_tensor_value_info("y")], initializer=inits)

@@ -151,13 +151,39 @@ class InPlaceB:
 
 @dataclass(frozen=True)
 class RegisterEpilogue:
-    """An epilogue ``y = act(c + bias[i])`` (``bias``: the operand index of a per-row bias,
-    -1: none; ``relu``: ``act`` is ReLU, else none) that the micro-kernel applies to its
+    """An epilogue ``y = steps(c + bias[i])`` (``bias``: the operand index of a per-row bias,
+    -1: none; ``steps``: ``("relu", None, None)`` or ``("clip", lo, hi)`` (a bound None: none),
+    in order, each as the scalar kernels compute it) that the micro-kernel applies to its
     accumulators before the store after the last reduction block, instead of a pass that
     reloads the tile from C (:data:`REGISTER_EPILOGUE`)."""
 
     bias: int
-    relu: bool
+    steps: tuple[tuple[str, float | None, float | None], ...] = ()
+
+    @property
+    def tag(self) -> str:
+        """A name suffix unique to the epilogue's form and constants."""
+        import hashlib
+
+        return f"{int(self.bias >= 0)}." + hashlib.sha256(repr(self.steps).encode()).hexdigest()[:8]
+
+    def apply(self, b: ir.IRBuilder, v: ir.Value, bias: ir.Value | None) -> ir.Value:
+        """The epilogue on a vector ``v`` of one row (``bias``: its bias, a scalar)."""
+        vec = v.type
+        if bias is not None:
+            v = b.fadd(v, splat(b, bias, vec))
+        for op, lo, hi in self.steps:
+            if op == "relu":  # as the scalar ReLU: select(x > 0, x, 0), so NaN gives 0
+                zero = ir.Constant(vec, [0.0] * vec.count)
+                v = b.select(b.fcmp_ordered(">", v, zero), v, zero)
+                continue
+            if lo is not None:  # as the scalar Clip: NaN passes
+                bound = ir.Constant(vec, [lo] * vec.count)
+                v = b.select(b.fcmp_ordered("<", v, bound), bound, v)
+            if hi is not None:
+                bound = ir.Constant(vec, [hi] * vec.count)
+                v = b.select(b.fcmp_ordered(">", v, bound), bound, v)
+        return v
 
 
 #: full register tiles apply a :class:`RegisterEpilogue` in registers (``POLYML_GEMM_REGISTER_EPILOGUE=0``:
@@ -474,7 +500,7 @@ def micro_kernel(module: ir.Module, blk: Blocking, attrs: Sequence[str], lda: in
     name = (f"polyml.ukernel.{blk.mr}x{blk.nr}" + (f".lda{lda}" if lda else "") + (".rows" if b_rows else "")
             + (f".pitch{b_pitch}" if b_pitch != blk.nr else "") + (f".apitch{a_pitch}" if a_pitch != blk.mr else "")
             + (f".cols{cols}" if cols else "")
-            + (f".epi{int(epilogue.bias >= 0)}{int(epilogue.relu)}" if epilogue is not None else ""))
+            + (f".epi{epilogue.tag}" if epilogue is not None else ""))
     existing = module.globals.get(name)
     if existing is not None:
         return existing
@@ -526,12 +552,8 @@ def micro_kernel(module: ir.Module, blk: Blocking, attrs: Sequence[str], lda: in
     post = None
     if epilogue is not None:
         def post(r: int, v: ir.Value) -> ir.Value:
-            out = v
-            if epilogue.bias >= 0:
-                out = b.fadd(out, splat(b, b.load(b.gep(bias_rows, [_c(r)], inbounds=True)), vec))
-            if epilogue.relu:  # as the scalar ReLU: select(x > 0, x, 0), so NaN gives 0
-                out = b.select(b.fcmp_ordered(">", out, zero), out, zero)
-            return b.select(last, out, v)
+            bias = b.load(b.gep(bias_rows, [_c(r)], inbounds=True)) if epilogue.bias >= 0 else None
+            return b.select(last, epilogue.apply(b, v, bias), v)
 
     tile_loop(b, zero, blk.mr, blk.vectors, kc, "p", step, c, ldc, accumulate, b.fadd, cols, post)
     return fn
