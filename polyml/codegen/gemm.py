@@ -998,14 +998,20 @@ def _store_in_place_tile(b: ir.IRBuilder, spec: GemmSpec, ops: Sequence[ir.Value
     inside = b.icmp_signed("<=", b.add(ow, _c(nr)), _c(ip.width))
     at = b.add(b.mul(oh, _c(ip.width)), ow)  # output position of column j0 (when inside)
     padding = b.and_(b.icmp_signed(">=", ow, _c(ip.width)), b.icmp_signed("<=", b.add(ow, cols), pitch))
+
+    def into_c(kernel: ir.Function, in_registers: Callable | None, width: int) -> None:
+        """The tile at output position ``at`` straight into C by ``kernel``, ``width`` columns
+        stored, then its epilogue (in the kernel's registers with ``in_registers``)."""
+        args = [kc, ap, bp, rows_at, c_addr(i0, at), _c(spec.ldc), b.not_(first)]
+        if in_registers is not None:
+            in_registers(args, i0, last)
+        else:
+            b.call(kernel, args)
+            _tile_epilogue(b, spec, ops, last, i0, at, _c(mr), _c(width), c_addr)
+
     with b.if_then(b.not_(padding)), b.if_else(b.and_(whole, inside)) as (then, otherwise):
         with then:
-            args = [kc, ap, bp, rows_at, c_addr(i0, at), _c(spec.ldc), b.not_(first)]
-            if whole_in_registers is not None:
-                whole_in_registers(args, i0, last)
-            else:
-                b.call(ukernel, args)
-                _tile_epilogue(b, spec, ops, last, i0, at, _c(mr), _c(nr), c_addr)
+            into_c(ukernel, whole_in_registers, nr)
         with otherwise:
             def remapped() -> None:
                 b.call(ukernel, [kc, ap, bp, rows_at, tile, _c(nr), ir.Constant(ir.IntType(1), 0)])
@@ -1024,12 +1030,7 @@ def _store_in_place_tile(b: ir.IRBuilder, spec: GemmSpec, ops: Sequence[ir.Value
                 row_end = b.and_(b.icmp_signed("==", rows, _c(mr)), b.icmp_signed("==", b.sub(_c(ip.width), ow), _c(left)))
                 with b.if_else(row_end) as (tail_tile, other):
                     with tail_tile:
-                        args = [kc, ap, bp, rows_at, c_addr(i0, at), _c(spec.ldc), b.not_(first)]
-                        if tail_in_registers is not None:
-                            tail_in_registers(args, i0, last)
-                        else:
-                            b.call(kernel, args)
-                            _tile_epilogue(b, spec, ops, last, i0, at, _c(mr), _c(left), c_addr)
+                        into_c(kernel, tail_in_registers, left)
                     with other:
                         edge()
 
