@@ -26,6 +26,7 @@ registers, which Polly's code generator does not do for an imported schedule.
 
 from __future__ import annotations
 
+import hashlib
 import math
 import os
 from collections.abc import Callable, Iterator, Sequence
@@ -163,8 +164,6 @@ class RegisterEpilogue:
     @property
     def tag(self) -> str:
         """A name suffix unique to the epilogue's form and constants."""
-        import hashlib
-
         return f"{int(self.bias >= 0)}." + hashlib.sha256(repr(self.steps).encode()).hexdigest()[:8]
 
     def apply(self, b: ir.IRBuilder, v: ir.Value, bias: ir.Value | None) -> ir.Value:
