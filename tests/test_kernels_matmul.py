@@ -535,6 +535,26 @@ def test_register_epilogue(xs, ws, attrs, act, in_registers, tmp_path) -> None:
         assert ('.epi1' in ir_text) == in_registers
 
 
+def test_edge_kernels_scops_export(tmp_path) -> None:
+    """``--emit jscop`` of products that take the column kernel (a 7x7 map) and a masked row
+    tail (a 111-wide stem): those kernels carry ``polly.skip.fn`` (Polly 19 segfaulted exporting
+    the column kernel's SCoP), so the export finishes and dumps the other functions' SCoPs."""
+    from onnx import TensorProto, helper
+
+    rng = np.random.default_rng(8)
+    inits = [helper.make_tensor(name, TensorProto.FLOAT, shape, rng.standard_normal(shape).astype(np.float32).ravel())
+             for name, shape in (("w1", (40, 3, 3, 3)), ("w2", (64, 40, 1, 1)))]
+    nodes = [helper.make_node("Conv", ["x", "w1"], ["a"], kernel_shape=[3, 3], strides=[2, 2]),
+             helper.make_node("MaxPool", ["a"], ["p"], kernel_shape=[3, 15], strides=[1, 15]),  # 7x7
+             helper.make_node("Conv", ["p", "w2"], ["y"], kernel_shape=[1, 1])]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 20, 224])],
+                              [helper.make_empty_tensor_value_info("y")], initializer=inits)
+    path = tmp_path / "m.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), str(path))
+    polyml_compile(path, tmp_path / "build", emit=["jscop", "ll"], threads=2, conv="gemm", cache=False)
+    assert list((tmp_path / "build" / "jscop").glob("*.jscop"))
+
+
 def test_gemm_blocking_override_errors(monkeypatch) -> None:
     from polyml.codegen.gemm import blocking_for_host
     from polyml.errors import PolymlError

@@ -81,7 +81,8 @@ def splat(b: ir.IRBuilder, v: ir.Value, ty: ir.Type) -> ir.Value:
 def skip_polly(fn: ir.Function) -> None:
     """Mark ``fn`` ``"polly.skip.fn"``: a kernel written as explicit vectors has no SCoP to offer,
     and Polly 19's alias grouping segfaulted on the masked accesses of the depthwise and max-pool
-    kernels (``ScopBuilder::splitAliasGroupsByDomain``, on ``--emit jscop``).  The SCoP report
+    kernels (``ScopBuilder::splitAliasGroupsByDomain``, on ``--emit jscop``) and of the GEMM's
+    column kernel.  The SCoP report
     leaves such functions out of its rejections (:func:`polyml.scop.detect.polly_skipped`)."""
     set.add(fn.attributes, '"polly.skip.fn"')
 

@@ -37,7 +37,7 @@ from dataclasses import dataclass, replace
 import llvmlite.ir as ir
 import numpy as np
 
-from polyml.codegen.builder import F32, I64, Buffer, KernelBuilder, counted_loop, masked_intrinsic, splat
+from polyml.codegen.builder import F32, I64, Buffer, KernelBuilder, counted_loop, masked_intrinsic, skip_polly, splat
 from polyml.errors import PolymlError
 
 F32P = F32.as_pointer()
@@ -508,6 +508,8 @@ def micro_kernel(module: ir.Module, blk: Blocking, attrs: Sequence[str], lda: in
     fn = _function(module, name, [I64, F32P, F32P, *([i32p] if b_rows else []), F32P, I64, ir.IntType(1),
                                   *([F32P, ir.IntType(1)] if epilogue is not None else [])], attrs, blk.width == 16)
     fn.linkage = "internal"
+    if cols:  # masked stores (see column_kernel)
+        skip_polly(fn)
     args = list(fn.args)
     if epilogue is not None:
         bias_rows, last = args[-2:]
@@ -640,6 +642,7 @@ def column_kernel(module: ir.Module, blk: Blocking, attrs: Sequence[str], cols: 
     row_vectors = -(-mr // width)
     fn = _function(module, name, [I64, F32P, F32P, F32P], attrs, width == 16)
     fn.linkage = "internal"
+    skip_polly(fn)  # masked loads: Polly 19 crashed exporting its SCoP (as the depthwise kernel's)
     kc, ap, bp, tile = fn.args
     for a in (ap, bp, tile):
         a.add_attribute("noalias")
