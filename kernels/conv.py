@@ -42,7 +42,7 @@ from polyml.kernels import Kernel, Operand, register
 from polyml.kernels._scalar import PARALLEL_MIN_ELEMENTS
 from polyml.kernels.fused import epilogue, evaluate_chain
 
-from polyml.codegen import gemm as packed_gemm
+from polyml.codegen import gemm as packed
 from polyml.codegen.builder import Buffer, KernelBuilder, constant, pointer_type
 from polyml.codegen.gemm_rows import RowsSpec
 from polyml.driver.toolchain import host_target
@@ -462,8 +462,6 @@ def _plan(node: Node, x: TensorType, w: TensorType, constant_w: bool = False) ->
         if int(node.attrs.get("group", 1)) == 1 and reads_in_place(win, kk):
             from polyml.kernels.matmul import packed_temps
 
-            from polyml.codegen import gemm as packed
-
             nr = packed.blocking_for_host().nr
             planes = PhasePlanes(x.shape[1], win, nr, row_align(win, nr))
             return _Plan("gemm_inplace", win, packed_temps(m, planes.columns, kk)[0], planes=planes)
@@ -512,8 +510,6 @@ def rows_plan(node: Node, x: TensorType, w: TensorType, win: Window) -> _Plan | 
     most :data:`FLAT_ROWS_MAX_CHANNELS` channels: any map whose positions :func:`flat_rows_width`
     cuts into such rows) and :data:`ROWS_MIN_CHANNELS` channels.  Unstrided, unpadded 1x1
     convolutions read x itself, the rest a phase copy."""
-    from polyml.codegen import gemm as packed
-
     if (win.rank != 2 or x.shape[0] != 1 or int(node.attrs.get("group", 1)) != 1 or not rows_enabled()
             or not packed.enabled() or packed.conv_choice() != "auto"):
         return None
@@ -580,8 +576,6 @@ def _gemm_scratch(node: Node, x: TensorType, w: TensorType, win: Window) -> Tens
     the register-blocked direct nests for one group's shape.
     """
     from polyml.kernels.matmul import batched_plan, batched_temps, packed_plan, packed_temps
-
-    from polyml.codegen import gemm as packed
 
     if x.shape[0] != 1 or win.rank != 2:
         return None
@@ -847,8 +841,6 @@ class Conv(Kernel):
     def constants(self, node: Node, ins: list[Operand | None]) -> list[np.ndarray]:
         if not self._prepacks(node, ins):
             return []
-        from polyml.codegen import gemm as packed
-
         w = np.asarray(ins[1].value, np.float32)
         plan = _plan(node, ins[0].type, ins[1].type, True)
         if plan.mode == "winograd":
@@ -983,8 +975,6 @@ def _convolve_gemm(k: KernelBuilder, plan: _Plan, scratch: Buffer, planes: Buffe
     register tile of y as the GEMM's epilogue.  True if the chain was fused so."""
     from polyml.kernels.matmul import batched_product, packed_product
 
-    from polyml.codegen import gemm as packed
-
     x, w = k.inputs[0], k.inputs[1]
     bias = k.inputs[2] if len(k.inputs) > 2 else None
     y = k.outputs[0]
@@ -1074,7 +1064,7 @@ def _convolve_gemm(k: KernelBuilder, plan: _Plan, scratch: Buffer, planes: Buffe
     return fused
 
 
-def _register_epilogue(bias_at: int | None, chain: list[Node] | None, extras: list) -> packed_gemm.RegisterEpilogue | None:
+def _register_epilogue(bias_at: int | None, chain: list[Node] | None, extras: list) -> packed.RegisterEpilogue | None:
     """The GEMM epilogue in the form its micro-kernels apply in registers: a bias and a chain
     (possibly empty) of ReLUs and Clips with constant bounds, each reading the one before, with
     no inputs of its own (None otherwise: the epilogue pass)."""
@@ -1091,7 +1081,7 @@ def _register_epilogue(bias_at: int | None, chain: list[Node] | None, extras: li
             steps.append(("clip", None if lo is None else float(lo), None if hi is None else float(hi)))
         else:
             return None
-    return packed_gemm.RegisterEpilogue(-1 if bias_at is None else bias_at, tuple(steps))
+    return packed.RegisterEpilogue(-1 if bias_at is None else bias_at, tuple(steps))
 
 
 def _scaled_loader(load: Callable, scale_at: int) -> Callable:

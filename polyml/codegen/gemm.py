@@ -813,7 +813,7 @@ def block_function(module: ir.Module, name: str, spec: GemmSpec, blk: Blocking, 
     def c_addr(i: ir.Value, j: ir.Value) -> ir.Value:
         return b.gep(c, [b.add(b.mul(i, ldc, flags=["nsw"]), j, flags=["nsw"])], inbounds=True)
 
-    def in_registers(kernel: ir.Function) -> Callable[[list[ir.Value], ir.Value, ir.Value], None] | None:
+    def in_registers(kernel: ir.Function | None) -> Callable[[list[ir.Value], ir.Value, ir.Value], None] | None:
         """``call(args, i0, last)``: ``kernel`` (an ``epilogue`` variant) with the bias of row
         ``i0`` and ``last``; None without a register epilogue."""
         if epi is None:
@@ -876,13 +876,13 @@ def block_function(module: ir.Module, name: str, spec: GemmSpec, blk: Blocking, 
                         rows_at = b.gep(row_table, [_c(0), pc], inbounds=True)
                         _store_in_place_tile(b, spec, ops, ukernel, short, kc, ap, bp, rows_at, tile, first, last,
                                              i0, j0, rows, cols, c, c_addr, mr, nr, tail,
-                                             in_registers(epi_kernel) if epi else None,
-                                             in_registers(tail[1]) if epi and tail else None)
+                                             in_registers(epi_kernel),
+                                             in_registers(tail[1]) if tail else None)
                     else:
                         bp = b.gep(b_block, [b.mul(jr, kc)], inbounds=True)
                         _store_tile(b, spec, ops, blk, ukernel, direct_kernel if direct else None, narrow, short, ap,
                                     bp, tile, first, last, i0, j0, pc, kc, rows, cols, c_addr, columns,
-                                    in_registers(epi_kernel) if epi else None)
+                                    in_registers(epi_kernel))
 
                 if rows_outer(spec, blk):  # a row panel's tiles along C's rows, then the next panel
                     with for_range(b, 0, panels_m, name="ir") as ipn, for_range(b, 0, panels_n, name="jr") as jp:
