@@ -184,6 +184,10 @@ GEMM_CASES = [
     ((1, 40, 9, 32), (20, 40, 3, 3), {"pads": [1, 1, 1, 1]}),
     # a 7x7 map: 49 columns, the last column panel holds one (the narrowest micro-kernel)
     ((1, 32, 7, 7), (22, 32, 1, 1), {}),
+    # at most 64 rows: B packed in L1-sized column blocks (gemm.block_nc): K = 400 in two kc
+    # blocks of 200, 132 columns in blocks of 64, 64 and 4; K = 8: blocks of the L2 size
+    ((1, 400, 12, 11), (40, 400, 1, 1), {}),
+    ((1, 8, 30, 30), (24, 8, 1, 1), {}),
 ]
 
 

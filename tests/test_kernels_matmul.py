@@ -336,14 +336,26 @@ def test_edge_panel_kernels(features: str) -> None:
 def test_blocks_by_how_a_is_read() -> None:
     """An A packed at run time takes the wide reduction and column blocks (A is packed again
     per column block, C read again per reduction block); a pre-packed or in-place A the
-    L1/L2-sized ones.  A pre-packed B needs an A packed at run time (its layout uses that kc)."""
-    from polyml.codegen.gemm import GemmSpec, block_kc, block_nc, host_blocking, matrix_loader
+    L1/L2-sized ones.  A pre-packed B needs an A packed at run time (its layout uses that kc).
+    A pre-packed A of at most THIN_A_ROWS rows packs B in L1-sized blocks of at least two
+    panels (but nothing is packed where B is read in place)."""
+    from polyml.codegen.gemm import THIN_A_ROWS, GemmSpec, InPlaceB, block_kc, block_nc, host_blocking, matrix_loader
 
     blk = host_blocking("+avx512f,+fma", 32 << 10, 1 << 20, 32 << 20)
     assert (blk.kc, blk.kc_wide, blk.nc, blk.nc_wide) == (256, 512, 512, 4096)
 
-    def spec(**how) -> GemmSpec:
-        return GemmSpec(64, 4096, 2048, load_a=matrix_loader(0, 2048), load_b=matrix_loader(1, 4096), operands=2, **how)
+    def spec(m: int = 96, k: int = 2048, **how) -> GemmSpec:
+        how.setdefault("load_b", matrix_loader(1, 4096))
+        return GemmSpec(m, 4096, k, load_a=matrix_loader(0, k), operands=2, **how)
+
+    assert THIN_A_ROWS == 64
+    assert block_nc(spec(64, prepacked_a=True), blk) == 2 * blk.nr  # 32 KiB / (4 · 256) = 32 columns: two panels
+    assert block_nc(spec(64, 128, prepacked_a=True), blk) == 64
+    assert block_nc(spec(16, 32, prepacked_a=True), blk) == 256
+    assert block_nc(spec(16, 8, prepacked_a=True), blk) == blk.nc  # no larger than the L2 block
+    in_place = InPlaceB(1, tuple(range(32)), 64, 64)
+    assert block_nc(spec(16, 32, prepacked_a=True, in_place_b=in_place, load_b=None), blk) == blk.nc
+    assert block_nc(spec(64), blk) == 4096  # A packed at run time
 
     assert (block_kc(spec(), blk), block_nc(spec(), blk)) == (512, 4096)
     assert (block_kc(spec(prepacked_b=True), blk), block_nc(spec(prepacked_b=True), blk)) == (512, 4096)

@@ -279,8 +279,29 @@ def block_nc(spec: GemmSpec, blk: Blocking) -> int:
     is packed at run time the B block grows from L2 to L3 size (``nc_wide``): 2048³ MatMul,
     1 thread, 178 → 173 ms (nc 512 → 2048: A packed once instead of four times).  A
     pre-packed A (a convolution's weights) or one read in place costs nothing per block, and
-    there the L2-sized B block stays, reused from L2 by every ``mc`` block of rows."""
-    return (blk.nc_wide or blk.nc) if packs_a(spec) else blk.nc
+    there the L2-sized B block stays, reused from L2 by every ``mc`` block of rows; but for
+    at most :data:`THIN_A_ROWS` rows there is one ``mc`` block and little reuse, and the B
+    block shrinks to :data:`THIN_B_BLOCK_BYTES` (at least two panels), packed and consumed
+    from L1 (an L2-sized block evicted the input it was packed from).  Not where B is read
+    in place: nothing is packed."""
+    if packs_a(spec):
+        return blk.nc_wide or blk.nc
+    if blk.nr == 32 and spec.m <= THIN_A_ROWS and spec.in_place_b is None and not spec.prepacked_b:
+        kc = min(block_kc(spec, blk), spec.k)
+        return min(blk.nc, max(2 * blk.nr, THIN_B_BLOCK_BYTES // (4 * kc) // blk.nr * blk.nr))
+    return blk.nc
+
+
+#: a product of a pre-packed A of at most this many rows (``POLYML_GEMM_THIN_ROWS``, 0: none,
+#: for A/B measurements) packs B in blocks of :data:`THIN_A_COLUMNS` columns (AVX-512).
+#: Eighteenth session, per step of whole models, minimum of 15-20, 64 columns / 672: at 2
+#: threads SqueezeNet's 64->16 and 128->16 @55 0.83-0.90 and 0.79-0.86, 256->48 and 384->48
+#: @13 0.93; ResNet-50's 256->64 @56 0.86-0.94, 64->64 @56 0.90; Inception-v1's 512->24 @13
+#: 0.87-0.91, 832->48 @6 0.82; at 1 thread SqueezeNet's 128->16 0.93.  Whole models' GEMM
+#: steps in sum: MobileNetV2 0.98 (2 threads) and 1.01 (1), ShuffleNet 0.96 / 0.95,
+#: EfficientNet-B0 0.98 / 0.99, DenseNet-121 0.99 (1)
+THIN_A_ROWS = int(os.environ.get("POLYML_GEMM_THIN_ROWS", "64"))
+THIN_B_BLOCK_BYTES = int(os.environ.get("POLYML_GEMM_THIN_BYTES", str(32 << 10)))
 
 
 #: reductions up to this long run the register tiles row panel by row panel (``ir`` outside
