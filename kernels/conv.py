@@ -507,7 +507,8 @@ def rows_plan(node: Node, x: TensorType, w: TensorType, win: Window) -> _Plan | 
     """The ``rows`` plan (:mod:`polyml.codegen.gemm_rows`) for a convolution with constant
     weights, or None: one group, batch 1, 2-D, a host build with the packed GEMM, ``conv=auto``,
     an AVX-512 host, an output width in :data:`ROWS_WIDTHS` (unstrided 1x1 convolutions to at
-    most :data:`FLAT_ROWS_MAX_CHANNELS` channels: any map whose positions :func:`flat_rows_width`
+    most :data:`FLAT_ROWS_MAX_CHANNELS` channels: any map of at most
+    :data:`FLAT_ROWS_MAX_POSITIONS` positions that :func:`flat_rows_width`
     cuts into such rows) and :data:`ROWS_MIN_CHANNELS` channels.  Unstrided, unpadded 1x1
     convolutions read x itself, the rest a phase copy."""
     if (win.rank != 2 or x.shape[0] != 1 or int(node.attrs.get("group", 1)) != 1 or not rows_enabled()
@@ -517,6 +518,7 @@ def rows_plan(node: Node, x: TensorType, w: TensorType, win: Window) -> _Plan | 
     if blk.nr != 32 or blk.width != 16 or w.shape[0] < ROWS_MIN_CHANNELS:
         return None
     if win.out[1] not in ROWS_WIDTHS and not (win.pointwise and w.shape[0] <= FLAT_ROWS_MAX_CHANNELS
+                                              and math.prod(win.out) <= FLAT_ROWS_MAX_POSITIONS
                                               and flat_rows_width(win)):
         return None
     m, kk = w.shape[0], math.prod(w.shape[1:])
@@ -530,8 +532,16 @@ def rows_plan(node: Node, x: TensorType, w: TensorType, win: Window) -> _Plan | 
 #: models at 2 threads, minimum of 12, rows / GEMM: MobileNetV2's 144->32 and 192->32 @28
 #: 0.78-0.83, but ResNet-50's 256->64 and 256->128 @56 1.41-1.55, 512->128 and 512->256 @28
 #: 1.26-1.32 (each panel streams all of x again, from L3 on these maps); MobileNetV2 0.98-0.99
-#: at 2 threads (``POLYML_ROWS_FLAT_CHANNELS=0``: none, for A/B measurements)
+#: at 2 threads (``POLYML_ROWS_FLAT_CHANNELS=0``: none, for A/B measurements) ...
 FLAT_ROWS_MAX_CHANNELS = int(os.environ.get("POLYML_ROWS_FLAT_CHANNELS", "32"))
+#: ... on maps of at most this many positions: since the GEMM packs a thin A's B in L1-sized
+#: blocks (:data:`polyml.codegen.gemm.THIN_A_ROWS`) it ties or wins on 27x27 and 28x28 maps
+#: (eighteenth session, per step of whole models, minimum of 20, GEMM / rows: SqueezeNet's
+#: 128->32 and 256->32 @27 0.72 and 0.90 at 2 threads, 0.86-0.89 and 0.98-1.00 at 1;
+#: MobileNetV2's 144->32 and 192->32 @28 0.92-1.07 and 0.96-0.98; Inception-v1's 192->32 and
+#: 256->32 @27 0.99-1.01 and 1.02-1.09; all seven 0.95 in sum at 2 threads, 1.00 at 1), where
+#: on a 6x6 map (Inception-v1's 832->32) rows still win (GEMM / rows 1.53 and 1.69)
+FLAT_ROWS_MAX_POSITIONS = 256
 
 
 def flat_rows_width(win: Window) -> int:

@@ -282,9 +282,10 @@ ROWS_CASES = [
     ((1, 16, 12, 14), (33, 16, 5, 3), {"pads": [2, 0, 2, 1]}),  # 12 x 13 outputs, asymmetric
     ((1, 96, 9, 9), (32, 96, 1, 1), {"strides": [1, 1], "pads": [1, 1, 1, 1]}),  # padded 1x1: a copy
     ((1, 16, 11, 11), (32, 16, 3, 3), {"dilations": [2, 2], "pads": [2, 2, 2, 2]}),
-    # unstrided 1x1 to 32 channels on wider maps: the flat run of positions cut into rows
-    ((1, 96, 28, 28), (32, 96, 1, 1), {}),  # 784 positions: 56 rows of 14
-    ((1, 64, 10, 27), (32, 64, 1, 1), {}),  # 270 positions: 27 rows of 10, across the map's rows
+    # unstrided 1x1 to 32 channels on other maps of at most 256 positions: the flat run of
+    # positions cut into rows
+    ((1, 96, 6, 6), (32, 96, 1, 1), {}),  # 36 positions: 3 rows of 12
+    ((1, 64, 9, 26), (32, 64, 1, 1), {}),  # 234 positions: 18 rows of 13, across the map's rows
 ]
 
 
@@ -355,8 +356,10 @@ def test_conv_choice_by_shape(monkeypatch) -> None:
     assert _choice((1, 2048, 7, 7), (512, 2048, 1, 1), {}, constant=True) == rows
     assert _choice((1, 512, 7, 7), (2048, 512, 1, 1), {}, constant=True) == "gemm"  # 1x1 with K < 2M
     assert _choice((1, 384, 13, 13), (48, 384, 1, 1), {}, constant=True) == "gemm"  # 1x1, 48 channels
-    # wider maps: 1x1 to 32 channels only, when 7-14 divides the positions (FLAT_ROWS_MAX_CHANNELS)
-    assert _choice((1, 192, 28, 28), (32, 192, 1, 1), {}, constant=True) == rows.replace("pointwise", "gemm")
+    # other maps: 1x1 to 32 channels only, when 7-14 divides the positions (FLAT_ROWS_MAX_CHANNELS),
+    # on maps of at most FLAT_ROWS_MAX_POSITIONS
+    assert _choice((1, 832, 6, 6), (32, 832, 1, 1), {}, constant=True) == rows.replace("pointwise", "gemm")
+    assert _choice((1, 192, 28, 28), (32, 192, 1, 1), {}, constant=True) == "gemm"
     assert _choice((1, 256, 56, 56), (64, 256, 1, 1), {}, constant=True) == "gemm"
     assert _choice((1, 192, 17, 17), (32, 192, 1, 1), {}, constant=True) == "gemm"  # 289 = 17²: no row width
     assert _choice((1, 512, 7, 7), (16, 512, 1, 1), {}, constant=True) == "pointwise"  # 16 channels
