@@ -298,6 +298,14 @@ def reads_in_place(win: Window, kk: int) -> bool:
     return _isa() not in PACKED_IM2COL_ISAS or kk // math.prod(win.kernel) <= STEM_MAX_CHANNELS
 
 
+#: :meth:`PhasePlanes.fill` runs parallel over the planes' rows below this many channels, else
+#: over the channels (eighteenth session, per step of whole models, minimum of 20-30, rows /
+#: channels: the stems 3x3/2 3->64 (SqueezeNet) 0.83-0.92 at 2 threads and 0.94 at 1, 3x3/2
+#: 3->32 (MobileNetV2) 0.76 and 0.85, 7x7/2 3->64 (ResNet-50) 0.93 at 2; SqueezeNet's 3x3
+#: 64->256 @13 ``rows`` steps, whose 64 channels split evenly, 1.03-1.06 by rows)
+FILL_BY_ROWS_BELOW_CHANNELS = 8
+
+
 @dataclass(frozen=True)
 class PhasePlanes:
     """x copied into stride-phase planes for the in-place GEMM (2-D, one image):
@@ -351,10 +359,11 @@ class PhasePlanes:
         return max(self.channels * sh * sw * self.qh * self.qw, reach)
 
     def fill(self, k: KernelBuilder, x: Buffer, temp: Buffer) -> Buffer:
-        """Fill the copy from ``x`` (1, C, H, W) in one parallel loop over the channels: per
-        phase plane, zeros on the border (the rows, then the row ends, no input position lands
-        on) and the interior copied; the run-out past the planes zeroed once.  Returns the copy
-        as a flat buffer."""
+        """Fill the copy from ``x`` (1, C, H, W) in one loop over the channels and the planes'
+        rows, the outer one parallel: the rows below :data:`FILL_BY_ROWS_BELOW_CHANNELS`
+        channels (a stem's three channels split unevenly over two threads), else the channels.
+        Per phase plane, a row no input row lands on is zeroed, the others copied with zeros at
+        their ends; the run-out past the planes zeroed once.  Returns the copy as a flat buffer."""
         (sh, sw), (h, w), (pt, pl) = self.win.strides, self.win.size, self.win.pads_begin
         c, qh, qw = self.channels, self.qh, self.qw
         flat = view(k, temp, (self.size,), "planes_flat")
@@ -365,7 +374,25 @@ class PhasePlanes:
         shape = TensorType((c, sh, sw, qh, qw))  # a prefix of the copy (the rest: run-out)
         planes = Buffer(k, k.b.bitcast(temp.ptr, pointer_type(shape)), shape, "planes")
         zero = k.f32(0.0)
-        with nest(k, [c], ["pc"], parallel=1 if copy_parallel([1, c, sh * sw * qh * qw]) else 0) as (ci,):
+
+        def zeros(ci: ir.Value | int, ph: int, pw: int, r: ir.Value | int, lo: int, hi: int) -> None:
+            if hi > lo:
+                with nest(k, [(lo, hi)], ["zq"]) as (q,):
+                    planes.store([ci, ph, pw, r, q], zero)
+
+        def copy_row(ci: ir.Value | int, ph: int, pw: int, r: ir.Value | int, c0: int, c1: int) -> None:
+            """Row ``r`` of plane ``(ci, ph, pw)``: input columns ``c0 ≤ q < c1``, zeros around."""
+            zeros(ci, ph, pw, r, 0, c0)
+            if c1 > c0:
+                with nest(k, [(c0, c1)], ["pq"]) as (q,):
+                    v = x.load([0, ci, affine(k, [(sh, r)], ph - pt), affine(k, [(sw, q)], pw - pl)])
+                    planes.store([ci, ph, pw, r, q], v)
+            zeros(ci, ph, pw, r, c1, qw)
+
+        parallel = 1 if copy_parallel([1, c, sh * sw * qh * qw]) else 0
+        by_rows = c < FILL_BY_ROWS_BELOW_CHANNELS
+        with nest(k, [qh, c] if by_rows else [c, qh], ["pr", "pc"] if by_rows else ["pc", "pr"], parallel) as ivs:
+            r, ci = ivs if by_rows else ivs[::-1]
             for ph in range(sh):
                 for pw in range(sw):
                     # q·s + ph - pad inside [0, size): q in [ceil((pad - ph)/s), floor((size - 1 + pad - ph)/s)]
@@ -373,14 +400,20 @@ class PhasePlanes:
                     r1 = max(r0, min(qh, (h - 1 + pt - ph) // sh + 1))
                     c0 = min(qw, max(0, -((pw - pl) // sw)))
                     c1 = max(c0, min(qw, (w - 1 + pl - pw) // sw + 1))
-                    for rows, cols in (((0, r0), (0, qw)), ((r1, qh), (0, qw)), ((r0, r1), (0, c0)), ((r0, r1), (c1, qw))):
-                        if rows[1] > rows[0] and cols[1] > cols[0]:
-                            with nest(k, [rows, cols], ["zr", "zq"]) as (r, q):
-                                planes.store([ci, ph, pw, r, q], zero)
-                    if r1 > r0 and c1 > c0:
-                        with nest(k, [(r0, r1), (c0, c1)], ["pr", "pq"]) as (r, q):
-                            v = x.load([0, ci, affine(k, [(sh, r)], ph - pt), affine(k, [(sw, q)], pw - pl)])
-                            planes.store([ci, ph, pw, r, q], v)
+
+                    if isinstance(r, int) or (r0 == 0 and r1 == qh):
+                        if isinstance(r, int) and not r0 <= r < r1:
+                            zeros(ci, ph, pw, r, 0, qw)
+                        else:
+                            copy_row(ci, ph, pw, r, c0, c1)
+                        continue
+                    inside = k.b.and_(k.b.icmp_signed(">=", r, ir.Constant(r.type, r0)),
+                                      k.b.icmp_signed("<", r, ir.Constant(r.type, r1)))
+                    with k.b.if_else(inside) as (then, otherwise):
+                        with then:
+                            copy_row(ci, ph, pw, r, c0, c1)
+                        with otherwise:
+                            zeros(ci, ph, pw, r, 0, qw)
         return flat
 
 
