@@ -43,7 +43,7 @@ from polyml.kernels.conv import Window, affine, nest, padded_source
 from polyml.kernels.fused import evaluate_chain
 
 from polyml.codegen import gemm as packed
-from polyml.codegen.builder import F32, Buffer, KernelBuilder, pointer_type
+from polyml.codegen.builder import F32, Buffer, KernelBuilder, masked_intrinsic, pointer_type, splat
 from polyml.errors import PolymlError
 from polyml.graph import Node, TensorType
 
@@ -219,12 +219,100 @@ def _combine(b: ir.IRBuilder, coeffs: list[Fraction], vals: list[ir.Value]) -> i
         if abs(cf) == 1:
             term, neg = v, cf < 0
         else:
-            term, neg = b.fmul(v, ir.Constant(F32, float(abs(cf)))), cf < 0
+            term, neg = b.fmul(v, _constant(v.type, float(abs(cf)))), cf < 0
         if acc is None:
             acc = b.fneg(term) if neg else term
         else:
             acc = b.fsub(acc, term) if neg else b.fadd(acc, term)
-    return acc if acc is not None else ir.Constant(F32, 0.0)
+    return acc if acc is not None else _constant(vals[0].type if vals else F32, 0.0)
+
+
+def _constant(ty: ir.Type, value: float) -> ir.Constant:
+    """``value`` as a float or as every lane of a float vector type."""
+    return ir.Constant(ty, [value] * ty.count) if isinstance(ty, ir.VectorType) else ir.Constant(F32, value)
+
+
+#: the output transform's vectors run along a row of tiles, their results interleaved into
+#: contiguous output rows (:func:`_output_rows`); ``POLYML_WINOGRAD_VECTOR_OUTPUT=0``: the
+#: scalar nest LLVM vectorized with scatters, for A/B measurements
+VECTOR_OUTPUT = os.environ.get("POLYML_WINOGRAD_VECTOR_OUTPUT", "1") != "0"
+
+
+def _interleave(b: ir.IRBuilder, vectors: list[ir.Value]) -> ir.Value:
+    """One vector of ``len(vectors) · lanes`` lanes whose lane ``t·n + q`` is lane ``t`` of
+    ``vectors[q]`` (``n = len(vectors)``, a power of two): tile ``t``'s ``n`` outputs of one
+    row side by side, as they lie in the output row."""
+    n, lanes = len(vectors), vectors[0].type.count
+    i32 = ir.IntType(32)
+    parts = list(vectors)
+    while len(parts) > 1:  # concatenate pairwise: lane q·lanes + t is vectors[q][t]
+        width = 2 * parts[0].type.count
+        parts = [b.shuffle_vector(parts[i], parts[i + 1], ir.Constant(ir.VectorType(i32, width), list(range(width))))
+                 for i in range(0, len(parts), 2)]
+    whole = parts[0]
+    order = [q * lanes + t for t in range(lanes) for q in range(n)]
+    return b.shuffle_vector(whole, ir.Constant(whole.type, None), ir.Constant(ir.VectorType(i32, n * lanes), order))
+
+
+def _output_rows(k: KernelBuilder, plan: WinogradPlan, mm: Buffer, y: Buffer, n: int, bias: Buffer | None,
+                 epilogue: packed.RegisterEpilogue | None) -> None:
+    """The output transform as explicit vectors, straight into ``y[n]``: per output channel and
+    row of tiles, ``lanes`` tiles at a time, the ``α²`` values of each tile one vector load from
+    ``M`` (contiguous along the tiles; the last group masked), ``Aᵀ M A`` on vectors, and each
+    of the ``m`` output rows the ``m`` result vectors interleaved (:func:`_interleave`) into
+    one contiguous run of the row, ``bias`` and ``epilogue`` applied in registers, stored up to
+    the output's last column (masked) and for rows inside it (the last row of tiles may cross
+    the border).  The scalar nest's stores, ``m`` apart along a row, became scatters (16 per
+    16 tiles of F(4×4), spilling registers), and the crop from Ypad gathers and scatters: on
+    SqueezeNet's 3x3 32->128 @27 they took longer than the products."""
+    a, m, (th, tw) = plan.alpha, plan.m, plan.tiles
+    height, width = plan.win.out
+    _, _, at = MATRICES[m]
+    lanes = packed.blocking_for_host().width
+    vec = ir.VectorType(F32, lanes)
+    row_vec = ir.VectorType(F32, m * lanes)
+    align = ir.Constant(ir.IntType(32), 4)
+
+    def tile_vector(ij: int, ko: ir.Value, tix: ir.Value, on: int) -> ir.Value:
+        """``M[ij][ko][tix ..]``, its first ``on`` lanes (the rest 0)."""
+        b = k.b
+        ptr = b.bitcast(mm.addr([ij, ko, tix]), vec.as_pointer())
+        if on == lanes:
+            return b.load(ptr, align=4)
+        load, mask = masked_intrinsic(b, "load", vec, [u < on for u in range(lanes)])
+        return b.call(load, [ptr, align, mask, ir.Constant(vec, [0.0] * lanes)])
+
+    with nest(k, [plan.k, th], names=["wk", "wyi"], parallel=1) as (ko, ti):
+        b = k.b  # the parallel body's builder
+        bias_value = bias.load([ko]) if bias is not None else None
+        for tj0 in range(0, tw, lanes):
+            tix = affine(k, [(tw, ti)], tj0)
+            out = _sandwich(b, at, [[tile_vector(i * a + j, ko, tix, min(lanes, tw - tj0)) for j in range(a)]
+                                    for i in range(a)])
+            columns = min(m * lanes, width - tj0 * m)
+            store = None
+            if columns < m * lanes:
+                store = masked_intrinsic(b, "store", row_vec, [u < columns for u in range(m * lanes)])
+            for p in range(m):
+                row = _interleave(b, out[p])
+                if epilogue is not None:
+                    row = epilogue.apply(b, row, bias_value)
+                elif bias_value is not None:
+                    row = b.fadd(row, splat(b, bias_value, row_vec))
+                oh = affine(k, [(m, ti)], p)
+                ptr = b.bitcast(y.addr([n, ko, oh, tj0 * m]), row_vec.as_pointer())
+
+                def put(row: ir.Value = row, ptr: ir.Value = ptr, store: tuple | None = store) -> None:
+                    if store is None:
+                        b.store(row, ptr, align=4)
+                    else:
+                        b.call(store[0], [row, ptr, align, store[1]])
+
+                if (th - 1) * m + p < height:  # inside the output in every row of tiles
+                    put()
+                else:  # only above the last row of tiles
+                    with b.if_then(b.icmp_signed("<", oh if isinstance(oh, ir.Value) else k.i64(oh), k.i64(height))):
+                        put()
 
 
 def _sandwich(b: ir.IRBuilder, left: list[list[Fraction]], tile: list[list[ir.Value]]) -> list[list[ir.Value]]:
@@ -272,6 +360,12 @@ def convolve_winograd(k: KernelBuilder, plan: WinogradPlan, scratch: Buffer) -> 
             val = evaluate_chain(k, chain, {k.node.attrs["epilogue_acc"]: val}, extras, ix)
         return val
 
+    # the vector output transform for at most a bias and ReLUs/Clips (other chains read more
+    # operands at each output: the scalar nest)
+    epilogue = None
+    if chain:
+        epilogue = conv_kernel._register_epilogue(0 if bias is not None else None, chain, list(extras.values()))
+    vector_output = VECTOR_OUTPUT and (not chain or epilogue is not None)
     for n in range(plan.batch):
         # V[ξν][c][t] = (Bᵀ d B)[ξ][ν], d = xpad[n, c, ti·m + i, tj·m + j]
         with nest(k, [plan.c, th, tw], names=["wc", "wti", "wtj"], parallel=1) as (c, ti, tj):
@@ -288,18 +382,21 @@ def convolve_winograd(k: KernelBuilder, plan: WinogradPlan, scratch: Buffer) -> 
                         [[packed_weight_floats(plan)], [plan.c * t], [plan.k * t]])
         # (Aᵀ M A)[p][q] of tile (ti, tj) is output (ti·m + p, tj·m + q): stored in y with the
         # bias and chain when the tiles cover the output exactly, else in Ypad and cropped
-        with nest(k, [plan.k, th, tw], names=["wk", "wyi", "wyj"], parallel=1) as (ko, ti, tj):
-            tix = affine(k, [(tw, ti), (1, tj)])
-            tile = [[mm.load([i * a + j, ko, tix]) for j in range(a)] for i in range(a)]
-            out = _sandwich(k.b, at, tile)
-            for p in range(m):
-                for q in range(m):
-                    at_ = [ko, affine(k, [(m, ti)], p), affine(k, [(m, tj)], q)]
-                    if plan.exact:
-                        y.store([n, *at_], finish(out[p][q], [n, *at_]))
-                    else:
-                        ypad.store(at_, out[p][q])
-        if not plan.exact:
+        if vector_output:
+            _output_rows(k, plan, mm, y, n, bias, epilogue)
+        else:
+            with nest(k, [plan.k, th, tw], names=["wk", "wyi", "wyj"], parallel=1) as (ko, ti, tj):
+                tix = affine(k, [(tw, ti), (1, tj)])
+                tile = [[mm.load([i * a + j, ko, tix]) for j in range(a)] for i in range(a)]
+                out = _sandwich(k.b, at, tile)
+                for p in range(m):
+                    for q in range(m):
+                        at_ = [ko, affine(k, [(m, ti)], p), affine(k, [(m, tj)], q)]
+                        if plan.exact:
+                            y.store([n, *at_], finish(out[p][q], [n, *at_]))
+                        else:
+                            ypad.store(at_, out[p][q])
+        if not plan.exact and not vector_output:
             with nest(k, [1, plan.k, *plan.win.out], names=["yn", "yk", "yh", "yw"], parallel=2) as ix:
                 y.store([n, *ix[1:]], finish(ypad.load(ix[1:]), [n, *ix[1:]]))
     return bool(k.node.attrs.get("epilogue"))

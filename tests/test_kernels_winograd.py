@@ -59,6 +59,11 @@ EDGES = [
     ((1, 24, 10, 9), 13, {}, True, ""),
     ((1, 33, 5, 5), 40, {"pads": [1, 1, 1, 1]}, True, "residual"),
     ((1, 40, 3, 3), 48, {"pads": [1, 1, 1, 1]}, True, "relu"),
+    # rows of more tiles than a vector has lanes (the vector output transform's groups): 35
+    # tiles of F(2x2) as 16 + 16 + 3, exact, ReLU in registers (F(4x4): 18 = 16 + 2, into Ypad);
+    # 16 tiles of F(4x4), whole vectors, exact with a bias (F(2x2): 32 = 16 + 16)
+    ((1, 8, 6, 70), 16, {"pads": [1, 1, 1, 1]}, True, "relu"),
+    ((1, 8, 8, 64), 12, {"pads": [1, 1, 1, 1]}, True, ""),
 ]
 
 
