@@ -232,10 +232,14 @@ def _constant(ty: ir.Type, value: float) -> ir.Constant:
     return ir.Constant(ty, [value] * ty.count) if isinstance(ty, ir.VectorType) else ir.Constant(F32, value)
 
 
-#: the output transform's vectors run along a row of tiles, their results interleaved into
-#: contiguous output rows (:func:`_output_rows`); ``POLYML_WINOGRAD_VECTOR_OUTPUT=0``: the
-#: scalar nest LLVM vectorized with scatters, for A/B measurements
-VECTOR_OUTPUT = os.environ.get("POLYML_WINOGRAD_VECTOR_OUTPUT", "1") != "0"
+#: the input and output transforms on explicit vectors along a row of tiles (:func:`_input_rows`,
+#: :func:`_output_rows`); ``POLYML_WINOGRAD_VECTORS=0``: the scalar nests, which LLVM
+#: vectorized with gathers and scatters, for A/B measurements.  Eighteenth session, per step of
+#: whole models at 2 threads, minimum of 10-30, vectors / scalar nests: SqueezeNet's 3x3 32->128
+#: @27 0.73-0.77 (output) and 0.95-0.99 more (input); ResNet-50's 64->64 @56 0.87-0.88,
+#: 128->128 @28 0.91-0.92, 256->256 @14 0.96-0.99 (its Winograd steps 0.93 in sum, of which the
+#: input transform 0.96); at 1 thread SqueezeNet's 16->64 @55 and 32->128 @27 0.74-0.81
+VECTOR_TRANSFORMS = os.environ.get("POLYML_WINOGRAD_VECTORS", "1") != "0"
 
 
 def _interleave(b: ir.IRBuilder, vectors: list[ir.Value]) -> ir.Value:
@@ -315,6 +319,50 @@ def _output_rows(k: KernelBuilder, plan: WinogradPlan, mm: Buffer, y: Buffer, n:
                         put()
 
 
+def _input_rows(k: KernelBuilder, plan: WinogradPlan, src: Buffer, v: Buffer, n: int) -> None:
+    """The input transform as explicit vectors (the output transform's mirror): per channel and
+    row of tiles, ``lanes`` tiles at a time, each of the ``α`` input rows under them one
+    contiguous load (masked at the copy's row end) whose lanes ``t·m + j`` are deinterleaved
+    into the ``α`` vectors of tap column ``j``; ``Bᵀ d B`` on vectors; each of the ``α²``
+    results one contiguous (masked) store into ``V``, along the tiles.  The scalar nest's
+    stride-``m`` loads and stores had become gathers and scatters."""
+    a, m, (th, tw) = plan.alpha, plan.m, plan.tiles
+    bt, _, _ = MATRICES[m]
+    lanes = packed.blocking_for_host().width
+    vec = ir.VectorType(F32, lanes)
+    span = m * lanes + a - m  # input columns under ``lanes`` tiles
+    run = ir.VectorType(F32, span)
+    row_end = src.shape[-1]
+    align = ir.Constant(ir.IntType(32), 4)
+    i32 = ir.IntType(32)
+    with nest(k, [plan.c, th], names=["wc", "wti"], parallel=1) as (c, ti):
+        b = k.b  # the parallel body's builder
+        for tj0 in range(0, tw, lanes):
+            on = min(lanes, tw - tj0)
+            valid = min(span, row_end - tj0 * m)
+            d = []
+            for i in range(a):
+                ptr = b.bitcast(src.addr([n, c, affine(k, [(m, ti)], i), tj0 * m]), run.as_pointer())
+                if valid == span:
+                    row = b.load(ptr, align=4)
+                else:
+                    load, mask = masked_intrinsic(b, "load", run, [u < valid for u in range(span)])
+                    row = b.call(load, [ptr, align, mask, ir.Constant(run, [0.0] * span)])
+                d.append([b.shuffle_vector(row, ir.Constant(run, None),
+                                           ir.Constant(ir.VectorType(i32, lanes), [t * m + j for t in range(lanes)]))
+                          for j in range(a)])
+            tv = _sandwich(b, bt, d)
+            store = None if on == lanes else masked_intrinsic(b, "store", vec, [u < on for u in range(lanes)])
+            tix = affine(k, [(tw, ti)], tj0)
+            for i in range(a):
+                for j in range(a):
+                    ptr = b.bitcast(v.addr([i * a + j, c, tix]), vec.as_pointer())
+                    if store is None:
+                        b.store(tv[i][j], ptr, align=4)
+                    else:
+                        b.call(store[0], [tv[i][j], ptr, align, store[1]])
+
+
 def _sandwich(b: ir.IRBuilder, left: list[list[Fraction]], tile: list[list[ir.Value]]) -> list[list[ir.Value]]:
     """``L · tile · Lᵀ`` with constant ``L`` (rows × n), ``tile`` n × n of IR values."""
     n = len(tile)
@@ -365,16 +413,20 @@ def convolve_winograd(k: KernelBuilder, plan: WinogradPlan, scratch: Buffer) -> 
     epilogue = None
     if chain:
         epilogue = conv_kernel._register_epilogue(0 if bias is not None else None, chain, list(extras.values()))
-    vector_output = VECTOR_OUTPUT and (not chain or epilogue is not None)
+    vector_output = VECTOR_TRANSFORMS and (not chain or epilogue is not None)
     for n in range(plan.batch):
         # V[ξν][c][t] = (Bᵀ d B)[ξ][ν], d = xpad[n, c, ti·m + i, tj·m + j]
-        with nest(k, [plan.c, th, tw], names=["wc", "wti", "wtj"], parallel=1) as (c, ti, tj):
-            d = [[src.load([n, c, affine(k, [(m, ti)], i), affine(k, [(m, tj)], j)]) for j in range(a)] for i in range(a)]
-            tv = _sandwich(k.b, bt, d)
-            tix = affine(k, [(tw, ti), (1, tj)])
-            for i in range(a):
-                for j in range(a):
-                    v.store([i * a + j, c, tix], tv[i][j])
+        if VECTOR_TRANSFORMS:
+            _input_rows(k, plan, src, v, n)
+        else:
+            with nest(k, [plan.c, th, tw], names=["wc", "wti", "wtj"], parallel=1) as (c, ti, tj):
+                d = [[src.load([n, c, affine(k, [(m, ti)], i), affine(k, [(m, tj)], j)]) for j in range(a)]
+                     for i in range(a)]
+                tv = _sandwich(k.b, bt, d)
+                tix = affine(k, [(tw, ti), (1, tj)])
+                for i in range(a):
+                    for j in range(a):
+                        v.store([i * a + j, c, tix], tv[i][j])
         # M[ξν] = U[ξν] · V[ξν], α² products on the packed GEMM
         spec = packed.GemmSpec(plan.k, t, plan.c, packed.matrix_loader(0, plan.c), packed.matrix_loader(1, t), 2,
                                prepacked_a=True)
