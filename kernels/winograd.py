@@ -132,32 +132,39 @@ def _forced() -> int | None:
 @dataclass(frozen=True)
 class WinogradRule:
     """Where Winograd beats the packed GEMM on one ISA: F(4×4) from ``f4_channels`` input and
-    output channels on maps of at least ``f4_map`` (both sides), in a one-thread build from
-    ``serial_f4_channels`` (0: ``f4_channels``), else F(2×2) from ``f2_channels`` on maps of at
-    least ``f2_map``."""
+    output channels on maps of at least ``f4_map`` (both sides), else F(2×2) from
+    ``f2_channels`` on maps of at least ``f2_map`` (in a one-thread build ``serial_f2_map``,
+    0: ``f2_map``)."""
 
     f4_channels: int
     f4_map: int
     f2_channels: int
     f2_map: int
-    serial_f4_channels: int = 0
+    serial_f2_map: int = 0
 
 
 #: AVX-512 (per-layer tables in docs/PERFORMANCE.md, issue 14; 2 threads, loaded host, Winograd
 #: / packed GEMM): maps of 24 and more with 32+ channels gain most from F(4×4) (0.17-0.67:
 #: 128->128 @28 0.17, 256->256 @56 0.39, 32->128 @27 0.49, 64->64 @56 0.67), 14×14 maps with 96+
 #: channels from F(2×2) (0.24-0.75; F(4×4)'s 16 tiles fill half a register tile of columns),
-#: while 7×7 maps (1.0-4× slower: 16 or 4 tiles) and 16-channel inputs (too thin a reduction to
-#: pay for the transforms) keep the GEMM.  AVX2 (eleventh session, Zen 1 EPYC, single layers
+#: while 7×7 maps (1.0-4× slower: 16 or 4 tiles) kept the GEMM.  Since the transforms run on
+#: explicit vectors (eighteenth session, :data:`VECTOR_TRANSFORMS`; per step of whole models,
+#: minimum of 12, Winograd / the path before): F(4×4) from 16 channels (SqueezeNet's 16->64
+#: @55 0.82-0.97 at 2 threads, against the im2col GEMM; one-thread builds took it before), F(2×2)
+#: from 48 channels on maps from 12x12 (against the ``rows`` tiles: SqueezeNet's 48->192 and
+#: 64->256 @13 0.84-0.90 at 2 threads and 0.72-0.76 at 1, Inception-v1's 96->208 .. 160->320 @13
+#: 0.78-0.80 and 0.64-0.75, Inception-v2's 64->96 @14 0.85 and 0.79, ZFNet's 256->512 and
+#: 512->512 @12 0.66-0.67 and 0.61-0.67, AlexNet's 256->384 @12 0.72 and 0.67), and in
+#: one-thread builds on 7x7 maps too (ResNet-50's 512->512 @7 0.81-0.82, Inception-v2's 7x7
+#: steps 0.98 in sum; at 2 threads 0.93-1.14); 6x6 maps keep the GEMM (Inception-v1's 160->320
+#: and 192->384 @6: 1.13-1.48).  AVX2 (eleventh session, Zen 1 EPYC, single layers
 #: with ReLU, 1 thread CPU time, minimum of 30-40 alternating blocks, against the path taken
 #: before): F(4×4) from 13×13 (64->256 @13 0.58, 384->384 @13 0.45, 48->192 @13 0.55, 256->256
 #: @14 0.69 of F(2×2), 96->208 @14 0.82 of F(2×2)); F(2×2) on 7×7 maps (512->512 0.53, 160->320
 #: 0.54, 128->32 0.65; F(4×4) 1.1-1.3) and from 16 channels (16->64 @55 0.86 and 16->16 @56 0.36
 #: of the direct nests; F(4×4) 1.0-1.1): the 6×16 GEMM tile runs at a third of AVX-512's
 #: rate per core, so the transforms' memory passes are cheap next to the multiplications saved.
-#: One-thread AVX-512 builds take F(4×4) from 16 channels (seventeenth session, SqueezeNet's
-#: 16->64 @55 per step, minimum of 12, F(4×4) / GEMM: 0.77-0.80 at 1 thread, 0.96-1.15 at 2)
-WINOGRAD_RULES = {"avx512": WinogradRule(32, 24, 96, 14, serial_f4_channels=16), "avx": WinogradRule(32, 13, 16, 7),
+WINOGRAD_RULES = {"avx512": WinogradRule(16, 24, 48, 12, serial_f2_map=7), "avx": WinogradRule(32, 13, 16, 7),
                   "other": WinogradRule(32, 24, 96, 14)}
 
 
@@ -168,10 +175,10 @@ def choose_tile(c: int, k: int, out: tuple[int, int]) -> int:
     if forced is not None:
         return forced
     rule = WINOGRAD_RULES[conv_kernel._isa()]  # through the module: one seam pins the ISA (tests)
-    f4_channels = rule.f4_channels if packed.threaded() else (rule.serial_f4_channels or rule.f4_channels)
-    if min(c, k) >= f4_channels and min(out) >= rule.f4_map:
+    f2_map = rule.f2_map if packed.threaded() else (rule.serial_f2_map or rule.f2_map)
+    if min(c, k) >= rule.f4_channels and min(out) >= rule.f4_map:
         return 4
-    if min(c, k) >= rule.f2_channels and min(out) >= rule.f2_map:
+    if min(c, k) >= rule.f2_channels and min(out) >= f2_map:
         return 2
     return 0
 

@@ -102,8 +102,8 @@ def test_transforms_compute_the_correlation(m) -> None:
 @pytest.mark.parametrize("isa", ["avx512", "avx"])
 def test_winograd_choice(isa, monkeypatch) -> None:
     """3x3/1 one-group convolutions with constant weights take the path by shape and ISA
-    (AVX-512: F(4x4) on big maps, F(2x2) on 14x14 with wide channels, neither on 7x7 or 16
-    input channels but F(4x4) on big maps in one-thread builds; AVX2: F(4x4) from 13x13, F(2x2) on 7x7 and from 16 channels); strided,
+    (AVX-512: F(4x4) on big maps, F(2x2) from 12x12 with 48+ channels, on 7x7 only in
+    one-thread builds; AVX2: F(4x4) from 13x13, F(2x2) on 7x7 and from 16 channels); strided,
     dilated, grouped, computed-weight and conv=gemm/direct builds keep the GEMM or nests."""
     from polyml.kernels import conv
     from polyml.kernels.conv import _plan
@@ -128,10 +128,13 @@ def test_winograd_choice(isa, monkeypatch) -> None:
     assert mode(64, 56, 64) == "F4"
     if isa == "avx512":
         assert mode(256, 14, 256) == "F2"
-        assert mode(64, 13, 256) in ("rows", "gemm_inplace")
+        assert mode(64, 13, 256) == "F2"
+        assert mode(256, 12, 384) == "F2"
+        assert mode(32, 13, 128) in ("rows", "gemm_inplace")  # under 48 channels
         assert mode(512, 7, 512) in ("rows", "gemm_inplace")  # rows on AVX-512 hosts
-        assert mode(16, 55, 64) == "gemm_inplace"  # 16 input channels: no Winograd (THIN_GEMM_MIN_CHANNELS)
-        assert mode(16, 55, 64, threaded=False) == "F4"  # but in a one-thread build
+        assert mode(512, 7, 512, threaded=False) == "F2"  # but F(2x2) in a one-thread build
+        assert mode(192, 6, 384, threaded=False) in ("rows", "gemm_inplace")
+        assert mode(16, 55, 64) == "F4"
         assert mode(16, 13, 64, threaded=False) in ("rows", "gemm_inplace")
     else:
         assert mode(256, 14, 256) == "F4"
