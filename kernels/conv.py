@@ -1093,7 +1093,7 @@ def _convolve_gemm(k: KernelBuilder, plan: _Plan, scratch: Buffer, planes: Buffe
                            make_builder=make_builder, prepacked_a=prepacked, kc_step=taps, pack_b=pack_b,
                            in_place_b=in_place, b_row_major=load_b is not None,
                            epilogue_per_row=not fused or all(tt.shape[-1] == 1 for _, _, tt in extras),
-                           register_epilogue=_register_epilogue(bias_at, chain if fused else None, extras))
+                           register_epilogue=register_epilogue(bias_at, chain if fused else None, extras))
     if groups == 1:
         packed_product(k, spec, operands, y_flat, scratch)
         return fused
@@ -1107,7 +1107,7 @@ def _convolve_gemm(k: KernelBuilder, plan: _Plan, scratch: Buffer, planes: Buffe
     return fused
 
 
-def _register_epilogue(bias_at: int | None, chain: list[Node] | None, extras: list) -> packed.RegisterEpilogue | None:
+def register_epilogue(bias_at: int | None, chain: list[Node] | None, extras: list) -> packed.RegisterEpilogue | None:
     """The GEMM epilogue in the form its micro-kernels apply in registers: a bias and a chain
     (possibly empty) of ReLUs and Clips with constant bounds, each reading the one before, with
     no inputs of its own (None otherwise: the epilogue pass)."""

@@ -45,7 +45,7 @@ from polyml.kernels.conv import VECTOR_LANES, Window, _isa
 from polyml.kernels.fused import evaluate_chain
 
 from polyml.codegen import gemm as packed
-from polyml.codegen.builder import F32, I64, Buffer, KernelBuilder, masked_intrinsic, skip_polly, splat
+from polyml.codegen.builder import F32, I64, Buffer, KernelBuilder, masked_intrinsic, skip_polly, splat, store_lanes
 from polyml.graph import Node, TensorType
 
 #: planes·taps·outputs below which the convolution runs on one thread (the fork/join of a
@@ -373,12 +373,7 @@ def _store_row(b: ir.IRBuilder, sums: list[ir.Value], y_row: ir.Value, width: in
         d = q * vec.count
         if d >= width:
             break
-        ptr = b.bitcast(b.gep(y_row, [_c(d)], inbounds=True), vec.as_pointer())
-        if d + vec.count <= width:
-            b.store(v, ptr, align=4)
-        else:
-            store, mask = masked_intrinsic(b, "store", vec, [d + u < width for u in range(vec.count)])
-            b.call(store, [v, ptr, ir.Constant(ir.IntType(32), 4), mask])
+        store_lanes(b, v, b.bitcast(b.gep(y_row, [_c(d)], inbounds=True), vec.as_pointer()), width - d)
 
 
 def _step(b: ir.IRBuilder, work: ir.Value, f: ir.Value, taps: list[tuple[int, int, int]], weights: list[ir.Value],

@@ -69,6 +69,7 @@ from polyml.codegen.builder import (
     llvm_type,
     masked_intrinsic,
     skip_polly,
+    store_lanes,
 )
 from polyml.errors import GraphError, ShapeError
 from polyml.gpu.builder import GpuKernelBuilder
@@ -272,12 +273,7 @@ def _max_rows_vectors(k: KernelBuilder, x: Buffer, y: Buffer, win: Window, ident
             if kw == 3:
                 after = column_max(c0 + 2 * lanes)
                 out = combine(out, b.shuffle_vector(even, after, ir.Constant(int_vec, list(range(1, lanes + 1)))))
-            at = b.bitcast(b.gep(y_row, [k.i64(o0)], inbounds=True), vec.as_pointer())
-            if o0 + lanes <= ow_n:
-                b.store(out, at, align=4)
-            else:
-                store, mask = masked_intrinsic(b, "store", vec, [o0 + u < ow_n for u in range(lanes)])
-                b.call(store, [out, at, align, mask])
+            store_lanes(b, out, b.bitcast(b.gep(y_row, [k.i64(o0)], inbounds=True), vec.as_pointer()), ow_n - o0)
 
 
 def _max_rows(k: KernelBuilder, x: Buffer | ChainSource, y: Buffer, win: Window, identity: float,

@@ -43,7 +43,7 @@ from polyml.kernels.conv import Window, affine, nest, padded_source
 from polyml.kernels.fused import evaluate_chain
 
 from polyml.codegen import gemm as packed
-from polyml.codegen.builder import F32, Buffer, KernelBuilder, masked_intrinsic, pointer_type, splat
+from polyml.codegen.builder import F32, Buffer, KernelBuilder, load_lanes, pointer_type, splat, store_lanes
 from polyml.errors import PolymlError
 from polyml.graph import Node, TensorType
 
@@ -77,6 +77,9 @@ class WinogradPlan:
     batch: int
     c: int
     k: int
+    #: the output transform stores through Ypad and the crop (a chain :func:`_vector_output`
+    #: does not take), else straight into y
+    scalar_output: bool = False
 
     @property
     def alpha(self) -> int:
@@ -113,7 +116,8 @@ class WinogradPlan:
         a2, (th, tw) = self.alpha ** 2, self.tiles
         gemm = batched_temps(a2, self.k, self.t, self.c)
         return {"xpad": self.xpad.size, "v": a2 * self.c * self.t, "m": a2 * self.k * self.t,
-                "ypad": 0 if self.exact else self.k * th * self.m * tw * self.m, "gemm": gemm[0].size if gemm else 0}
+                "ypad": self.k * th * self.m * tw * self.m if self.scalar_output and not self.exact else 0,
+                "gemm": gemm[0].size if gemm else 0}
 
     @property
     def scratch(self) -> TensorType:
@@ -195,7 +199,7 @@ def winograd_plan(node: Node, x: TensorType, w: TensorType, win: Window) -> Wino
     m = choose_tile(x.shape[1], w.shape[0], win.out)
     if not m:
         return None
-    plan = WinogradPlan(m, win, x.shape[0], x.shape[1], w.shape[0])
+    plan = WinogradPlan(m, win, x.shape[0], x.shape[1], w.shape[0], _vector_output(node) is None)
     from polyml.kernels.matmul import batched_plan
 
     return plan if batched_plan(plan.alpha ** 2, plan.k, plan.t, plan.c) is not None else None
@@ -249,6 +253,20 @@ def _constant(ty: ir.Type, value: float) -> ir.Constant:
 VECTOR_TRANSFORMS = os.environ.get("POLYML_WINOGRAD_VECTORS", "1") != "0"
 
 
+def _vector_output(node: Node) -> packed.RegisterEpilogue | bool | None:
+    """How :func:`_output_rows` applies this Conv's fused chain in registers: its
+    :class:`~polyml.codegen.gemm.RegisterEpilogue` (ReLUs and Clips), True without a chain,
+    None where the scalar nest runs (:data:`VECTOR_TRANSFORMS` off, or a chain reading more
+    operands at each output, such as a residual add)."""
+    if not VECTOR_TRANSFORMS:
+        return None
+    chain = node.attrs.get("epilogue")
+    if not chain:
+        return True
+    extras = [name for name in node.inputs[node.attrs["epilogue_start"]:] if name]
+    return conv_kernel.register_epilogue(None, chain, extras)  # the bias: _output_rows adds it
+
+
 def _interleave(b: ir.IRBuilder, vectors: list[ir.Value]) -> ir.Value:
     """One vector of ``len(vectors) · lanes`` lanes whose lane ``t·n + q`` is lane ``t`` of
     ``vectors[q]`` (``n = len(vectors)``, a power of two): tile ``t``'s ``n`` outputs of one
@@ -282,28 +300,15 @@ def _output_rows(k: KernelBuilder, plan: WinogradPlan, mm: Buffer, y: Buffer, n:
     lanes = packed.blocking_for_host().width
     vec = ir.VectorType(F32, lanes)
     row_vec = ir.VectorType(F32, m * lanes)
-    align = ir.Constant(ir.IntType(32), 4)
-
-    def tile_vector(ij: int, ko: ir.Value, tix: ir.Value, on: int) -> ir.Value:
-        """``M[ij][ko][tix ..]``, its first ``on`` lanes (the rest 0)."""
-        b = k.b
-        ptr = b.bitcast(mm.addr([ij, ko, tix]), vec.as_pointer())
-        if on == lanes:
-            return b.load(ptr, align=4)
-        load, mask = masked_intrinsic(b, "load", vec, [u < on for u in range(lanes)])
-        return b.call(load, [ptr, align, mask, ir.Constant(vec, [0.0] * lanes)])
 
     with nest(k, [plan.k, th], names=["wk", "wyi"], parallel=1) as (ko, ti):
         b = k.b  # the parallel body's builder
         bias_value = bias.load([ko]) if bias is not None else None
         for tj0 in range(0, tw, lanes):
             tix = affine(k, [(tw, ti)], tj0)
-            out = _sandwich(b, at, [[tile_vector(i * a + j, ko, tix, min(lanes, tw - tj0)) for j in range(a)]
-                                    for i in range(a)])
-            columns = min(m * lanes, width - tj0 * m)
-            store = None
-            if columns < m * lanes:
-                store = masked_intrinsic(b, "store", row_vec, [u < columns for u in range(m * lanes)])
+            tile = [[load_lanes(b, b.bitcast(mm.addr([i * a + j, ko, tix]), vec.as_pointer()), tw - tj0)
+                     for j in range(a)] for i in range(a)]
+            out = _sandwich(b, at, tile)
             for p in range(m):
                 row = _interleave(b, out[p])
                 if epilogue is not None:
@@ -312,18 +317,11 @@ def _output_rows(k: KernelBuilder, plan: WinogradPlan, mm: Buffer, y: Buffer, n:
                     row = b.fadd(row, splat(b, bias_value, row_vec))
                 oh = affine(k, [(m, ti)], p)
                 ptr = b.bitcast(y.addr([n, ko, oh, tj0 * m]), row_vec.as_pointer())
-
-                def put(row: ir.Value = row, ptr: ir.Value = ptr, store: tuple | None = store) -> None:
-                    if store is None:
-                        b.store(row, ptr, align=4)
-                    else:
-                        b.call(store[0], [row, ptr, align, store[1]])
-
                 if (th - 1) * m + p < height:  # inside the output in every row of tiles
-                    put()
+                    store_lanes(b, row, ptr, width - tj0 * m)
                 else:  # only above the last row of tiles
-                    with b.if_then(b.icmp_signed("<", oh if isinstance(oh, ir.Value) else k.i64(oh), k.i64(height))):
-                        put()
+                    with b.if_then(b.icmp_signed("<", k.i64(oh), k.i64(height))):
+                        store_lanes(b, row, ptr, width - tj0 * m)
 
 
 def _input_rows(k: KernelBuilder, plan: WinogradPlan, src: Buffer, v: Buffer, n: int) -> None:
@@ -340,34 +338,22 @@ def _input_rows(k: KernelBuilder, plan: WinogradPlan, src: Buffer, v: Buffer, n:
     span = m * lanes + a - m  # input columns under ``lanes`` tiles
     run = ir.VectorType(F32, span)
     row_end = src.shape[-1]
-    align = ir.Constant(ir.IntType(32), 4)
     i32 = ir.IntType(32)
     with nest(k, [plan.c, th], names=["wc", "wti"], parallel=1) as (c, ti):
         b = k.b  # the parallel body's builder
         for tj0 in range(0, tw, lanes):
-            on = min(lanes, tw - tj0)
-            valid = min(span, row_end - tj0 * m)
             d = []
             for i in range(a):
                 ptr = b.bitcast(src.addr([n, c, affine(k, [(m, ti)], i), tj0 * m]), run.as_pointer())
-                if valid == span:
-                    row = b.load(ptr, align=4)
-                else:
-                    load, mask = masked_intrinsic(b, "load", run, [u < valid for u in range(span)])
-                    row = b.call(load, [ptr, align, mask, ir.Constant(run, [0.0] * span)])
+                row = load_lanes(b, ptr, row_end - tj0 * m)
                 d.append([b.shuffle_vector(row, ir.Constant(run, None),
                                            ir.Constant(ir.VectorType(i32, lanes), [t * m + j for t in range(lanes)]))
                           for j in range(a)])
             tv = _sandwich(b, bt, d)
-            store = None if on == lanes else masked_intrinsic(b, "store", vec, [u < on for u in range(lanes)])
             tix = affine(k, [(tw, ti)], tj0)
             for i in range(a):
                 for j in range(a):
-                    ptr = b.bitcast(v.addr([i * a + j, c, tix]), vec.as_pointer())
-                    if store is None:
-                        b.store(tv[i][j], ptr, align=4)
-                    else:
-                        b.call(store[0], [tv[i][j], ptr, align, store[1]])
+                    store_lanes(b, tv[i][j], b.bitcast(v.addr([i * a + j, c, tix]), vec.as_pointer()), tw - tj0)
 
 
 def _sandwich(b: ir.IRBuilder, left: list[list[Fraction]], tile: list[list[ir.Value]]) -> list[list[ir.Value]]:
@@ -415,12 +401,8 @@ def convolve_winograd(k: KernelBuilder, plan: WinogradPlan, scratch: Buffer) -> 
             val = evaluate_chain(k, chain, {k.node.attrs["epilogue_acc"]: val}, extras, ix)
         return val
 
-    # the vector output transform for at most a bias and ReLUs/Clips (other chains read more
-    # operands at each output: the scalar nest)
-    epilogue = None
-    if chain:
-        epilogue = conv_kernel._register_epilogue(0 if bias is not None else None, chain, list(extras.values()))
-    vector_output = VECTOR_TRANSFORMS and (not chain or epilogue is not None)
+    how = _vector_output(k.node)
+    epilogue = how if isinstance(how, packed.RegisterEpilogue) else None
     for n in range(plan.batch):
         # V[ξν][c][t] = (Bᵀ d B)[ξ][ν], d = xpad[n, c, ti·m + i, tj·m + j]
         if VECTOR_TRANSFORMS:
@@ -439,9 +421,10 @@ def convolve_winograd(k: KernelBuilder, plan: WinogradPlan, scratch: Buffer) -> 
                                prepacked_a=True)
         batched_product(k, spec, [u, v], mm, work, (a * a,),
                         [[packed_weight_floats(plan)], [plan.c * t], [plan.k * t]])
-        # (Aᵀ M A)[p][q] of tile (ti, tj) is output (ti·m + p, tj·m + q): stored in y with the
-        # bias and chain when the tiles cover the output exactly, else in Ypad and cropped
-        if vector_output:
+        # (Aᵀ M A)[p][q] of tile (ti, tj) is output (ti·m + p, tj·m + q): on vectors straight
+        # into y; the scalar nest stores in y with the bias and chain when the tiles cover the
+        # output exactly, else in Ypad, cropped with them
+        if not plan.scalar_output:
             _output_rows(k, plan, mm, y, n, bias, epilogue)
         else:
             with nest(k, [plan.k, th, tw], names=["wk", "wyi", "wyj"], parallel=1) as (ko, ti, tj):
@@ -455,7 +438,7 @@ def convolve_winograd(k: KernelBuilder, plan: WinogradPlan, scratch: Buffer) -> 
                             y.store([n, *at_], finish(out[p][q], [n, *at_]))
                         else:
                             ypad.store(at_, out[p][q])
-        if not plan.exact and not vector_output:
+        if not plan.exact and plan.scalar_output:
             with nest(k, [1, plan.k, *plan.win.out], names=["yn", "yk", "yh", "yw"], parallel=2) as ix:
                 y.store([n, *ix[1:]], finish(ypad.load(ix[1:]), [n, *ix[1:]]))
     return bool(k.node.attrs.get("epilogue"))

@@ -101,6 +101,27 @@ def masked_intrinsic(b: ir.IRBuilder, name: str, vec: ir.VectorType, lanes_on: l
     return fn, ir.Constant(mask_t, [int(on) for on in lanes_on])
 
 
+def load_lanes(b: ir.IRBuilder, ptr: ir.Value, count: int, fill: float | None = 0.0) -> ir.Value:
+    """The vector at ``ptr`` (a float-vector pointer), only its first ``count`` lanes read (a
+    masked load unless all are; the rest ``fill``, None: undefined)."""
+    vec = ptr.type.pointee
+    if count >= vec.count:
+        return b.load(ptr, align=4)
+    load, mask = masked_intrinsic(b, "load", vec, [u < count for u in range(vec.count)])
+    rest = ir.Constant(vec, None if fill is None else [fill] * vec.count)
+    return b.call(load, [ptr, ir.Constant(ir.IntType(32), 4), mask, rest])
+
+
+def store_lanes(b: ir.IRBuilder, value: ir.Value, ptr: ir.Value, count: int) -> None:
+    """``value``'s first ``count`` lanes stored at ``ptr`` (a masked store unless all are)."""
+    vec = value.type
+    if count >= vec.count:
+        b.store(value, ptr, align=4)
+        return
+    store, mask = masked_intrinsic(b, "store", vec, [u < count for u in range(vec.count)])
+    b.call(store, [value, ptr, ir.Constant(ir.IntType(32), 4), mask])
+
+
 def pointer_type(t: TensorType) -> ir.PointerType:
     """``elem*`` for rank ≤ 1, else a pointer to the array of the trailing dimensions."""
     inner: ir.Type = llvm_type(t.dtype)
