@@ -293,13 +293,14 @@ def block_nc(spec: GemmSpec, blk: Blocking) -> int:
 
 
 #: a product of a pre-packed A of at most this many rows (``POLYML_GEMM_THIN_ROWS``, 0: none,
-#: for A/B measurements) packs B in blocks of :data:`THIN_A_COLUMNS` columns (AVX-512).
-#: Eighteenth session, per step of whole models, minimum of 15-20, 64 columns / 672: at 2
-#: threads SqueezeNet's 64->16 and 128->16 @55 0.83-0.90 and 0.79-0.86, 256->48 and 384->48
-#: @13 0.93; ResNet-50's 256->64 @56 0.86-0.94, 64->64 @56 0.90; Inception-v1's 512->24 @13
-#: 0.87-0.91, 832->48 @6 0.82; at 1 thread SqueezeNet's 128->16 0.93.  Whole models' GEMM
-#: steps in sum: MobileNetV2 0.98 (2 threads) and 1.01 (1), ShuffleNet 0.96 / 0.95,
-#: EfficientNet-B0 0.98 / 0.99, DenseNet-121 0.99 (1)
+#: for A/B measurements) packs B in blocks of :data:`THIN_B_BLOCK_BYTES` (at least two
+#: panels; AVX-512).  Eighteenth session, per step of whole models, minimum of 15-30, new / the
+#: L2 block of 672 columns: at 2 threads SqueezeNet's 64->16 and 128->16 @55 0.69-0.84,
+#: 256->48 and 384->48 @13 0.93; at 1 thread its 128->16 0.83-0.90.  Fixed 64-column blocks
+#: first: ResNet-50's 256->64 @56 0.86-0.94, 64->64 @56 0.90; Inception-v1's 512->24 @13
+#: 0.87-0.91, 832->48 @6 0.82; but SqueezeNet's 16->64 @55 1.10-1.20 (K = 16: a 4 KiB block),
+#: hence the byte budget.  Whole models' GEMM steps in sum: MobileNetV2 0.98 (2 threads) and
+#: 1.01 (1), ShuffleNet 0.96 / 0.95, EfficientNet-B0 0.98 / 0.99, DenseNet-121 0.99 (1)
 THIN_A_ROWS = int(os.environ.get("POLYML_GEMM_THIN_ROWS", "64"))
 THIN_B_BLOCK_BYTES = int(os.environ.get("POLYML_GEMM_THIN_BYTES", str(32 << 10)))
 
