@@ -43,7 +43,7 @@ from polyml.kernels.conv import Window, affine, nest, padded_source
 from polyml.kernels.fused import evaluate_chain
 
 from polyml.codegen import gemm as packed
-from polyml.codegen.builder import F32, Buffer, KernelBuilder, load_lanes, pointer_type, splat, store_lanes
+from polyml.codegen.builder import F32, Buffer, KernelBuilder, load_lanes, pointer_type, skip_polly, splat, store_lanes
 from polyml.errors import PolymlError
 from polyml.graph import Node, TensorType
 
@@ -303,6 +303,7 @@ def _output_rows(k: KernelBuilder, plan: WinogradPlan, mm: Buffer, y: Buffer, n:
 
     with nest(k, [plan.k, th], names=["wk", "wyi"], parallel=1) as (ko, ti):
         b = k.b  # the parallel body's builder
+        skip_polly(k.fn)  # explicit vectors; Polly 19 crashed exporting the masked accesses' SCoP
         bias_value = bias.load([ko]) if bias is not None else None
         for tj0 in range(0, tw, lanes):
             tix = affine(k, [(tw, ti)], tj0)
@@ -341,6 +342,7 @@ def _input_rows(k: KernelBuilder, plan: WinogradPlan, src: Buffer, v: Buffer, n:
     i32 = ir.IntType(32)
     with nest(k, [plan.c, th], names=["wc", "wti"], parallel=1) as (c, ti):
         b = k.b  # the parallel body's builder
+        skip_polly(k.fn)  # as in _output_rows (here it segfaulted, on --emit jscop of SqueezeNet)
         for tj0 in range(0, tw, lanes):
             d = []
             for i in range(a):

@@ -88,6 +88,20 @@ def test_winograd_one_thread(tmp_path, monkeypatch) -> None:
     assert err <= 1e-4, err
 
 
+@pytest.mark.parametrize("tile", ["2", "4"])
+def test_winograd_scops_export(tile, tmp_path, monkeypatch) -> None:
+    """``--emit jscop`` of a Winograd convolution whose rows of tiles end in a masked group: the
+    vector transforms carry ``polly.skip.fn`` (Polly 19 segfaulted exporting the input transform's
+    SCoP, SqueezeNet's 3x3 16->64 @55), so the export finishes with the other functions' SCoPs."""
+    from polyml.compiler import compile as polyml_compile
+
+    monkeypatch.setenv("POLYML_WINOGRAD", tile)
+    path = tmp_path / "m.onnx"
+    onnx.save(_model((1, 16, 55, 55), 64, {"pads": [1, 1, 1, 1]}, True, "relu"), str(path))
+    polyml_compile(path, tmp_path / "build", emit=["jscop", "ll"], threads=2, cache=False)
+    assert list((tmp_path / "build" / "jscop").glob("*.jscop"))
+
+
 @pytest.mark.parametrize("m", [2, 4])
 def test_transforms_compute_the_correlation(m) -> None:
     from polyml.kernels.winograd import MATRICES
