@@ -37,7 +37,17 @@ from dataclasses import dataclass, replace
 import llvmlite.ir as ir
 import numpy as np
 
-from polyml.codegen.builder import F32, I64, Buffer, KernelBuilder, counted_loop, masked_intrinsic, skip_polly, splat
+from polyml.codegen.builder import (
+    F32,
+    I64,
+    Buffer,
+    KernelBuilder,
+    counted_loop,
+    load_lanes,
+    skip_polly,
+    splat,
+    store_lanes,
+)
 from polyml.errors import PolymlError
 
 F32P = F32.as_pointer()
@@ -478,22 +488,14 @@ def tile_loop(b: ir.IRBuilder, zero: ir.Constant, mr: int, vectors: int, trip: i
             c_row = b.gep(c, [b.mul(ldc, _c(r), flags=["nsw"])], inbounds=True)
             finish = (lambda v, r=r: post(r, v)) if post is not None else (lambda v: v)
             for v in range(vectors):
+                count = cols - v * width if cols else width  # lanes of this vector stored
+                if count <= 0:
+                    continue
                 ptr = b.bitcast(b.gep(c_row, [_c(v * width)], inbounds=True), vec.as_pointer())
                 val = finals[r][v]
-                on = [not cols or v * width + u < cols for u in range(width)]
-                if not any(on):
-                    continue
-                if all(on):
-                    if accumulating:
-                        val = add(b.load(ptr, align=4), val)
-                    b.store(finish(val), ptr, align=4)
-                    continue
-                align = ir.Constant(ir.IntType(32), 4)
                 if accumulating:
-                    load, mask = masked_intrinsic(b, "load", vec, on)
-                    val = add(b.call(load, [ptr, align, mask, zero]), val)
-                store, mask = masked_intrinsic(b, "store", vec, on)
-                b.call(store, [finish(val), ptr, align, mask])
+                    val = add(load_lanes(b, ptr, count), val)
+                store_lanes(b, finish(val), ptr, count)
         b.ret_void()
 
 
@@ -675,9 +677,6 @@ def column_kernel(module: ir.Module, blk: Blocking, attrs: Sequence[str], cols: 
         fma_name = f"llvm.fma.v{width}f32"
         fma = module.globals.get(fma_name) or ir.Function(module, ir.FunctionType(vec, [vec, vec, vec]), fma_name)
     last_lanes = mr - (row_vectors - 1) * width
-    masked = None
-    if last_lanes < width:
-        masked = masked_intrinsic(b, "load", vec, [lane < last_lanes for lane in range(width)])
     chains = max(1, min(4, 8 // (cols * row_vectors)))
 
     def a_vectors(p: ir.Value) -> list[ir.Value]:
@@ -685,10 +684,7 @@ def column_kernel(module: ir.Module, blk: Blocking, attrs: Sequence[str], cols: 
         out = []
         for v in range(row_vectors):
             ptr = b.bitcast(b.gep(row, [_c(v * width)], inbounds=True), vec.as_pointer())
-            if v == row_vectors - 1 and masked is not None:
-                out.append(b.call(masked[0], [ptr, ir.Constant(ir.IntType(32), 4), masked[1], zero]))
-            else:
-                out.append(b.load(ptr, align=4))
+            out.append(load_lanes(b, ptr, last_lanes if v == row_vectors - 1 else width))
         return out
 
     def update(p: ir.Value, accs: list[list[ir.Value]]) -> list[list[ir.Value]]:
