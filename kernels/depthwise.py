@@ -41,7 +41,7 @@ import os
 from dataclasses import dataclass
 
 import llvmlite.ir as ir
-from polyml.kernels.conv import VECTOR_LANES, Window, _isa
+from polyml.kernels.conv import VECTOR_LANES, Window, _isa, register_epilogue
 from polyml.kernels.fused import evaluate_chain
 
 from polyml.codegen import gemm as packed
@@ -75,6 +75,8 @@ CHAIN_INTERLEAVE = int(os.environ.get("POLYML_DW_CHAIN_INTERLEAVE", "4"))
 #: vector masked, instead of a scalar crop loop reading the row back from the accumulator
 #: (``POLYML_DW_ROW_VECTORS=0`` for the crop loop, for A/B measurements)
 ROW_VECTOR_STORES = os.environ.get("POLYML_DW_ROW_VECTORS", "1") != "0"
+#: :func:`_register_chain` (``POLYML_DW_REGISTER_EPILOGUE=0``: the chain as a pass, for A/B measurements)
+REGISTER_CHAIN = os.environ.get("POLYML_DW_REGISTER_EPILOGUE", "1") != "0"
 #: :attr:`DepthwisePlan.interleaved`
 INTERLEAVE_COPY = os.environ.get("POLYML_DW_INTERLEAVE", "1") != "0"
 #: :attr:`DepthwisePlan.row_bands`
@@ -289,9 +291,21 @@ def _chain_after_crop(k: KernelBuilder, plan: DepthwisePlan) -> bool:
     0.87-0.89x, 3x3 1152 @7x7 0.89-0.90x.  Rows of 14 and 28 outputs (LLVM gives their element
     loop a masked tail) measured 0.82x at 1 thread, and at 2 in the model 0.95x in a fast spell
     and 1.3-2.0x in a slow one (the same runs, interleaved 4): not taken."""
-    if not CHAIN_AFTER_CROP or plan.rowwise or not k.node.attrs.get("epilogue"):
+    if not CHAIN_AFTER_CROP or plan.rowwise or not k.node.attrs.get("epilogue") or _register_chain(k):
         return False
     return not any(buf is not None for buf in k.inputs[k.node.attrs["epilogue_start"]:])
+
+
+def _register_chain(k: KernelBuilder) -> packed.RegisterEpilogue | None:
+    """The fused chain as a :class:`~polyml.codegen.gemm.RegisterEpilogue` (ReLUs and Clips with
+    constant bounds, no inputs of their own), applied to each accumulator vector in registers
+    before it is stored, instead of a pass that stores the row, reloads it and stores it again
+    (:func:`_chain_in_place`); None where the chain is another one (or there is none)."""
+    chain = k.node.attrs.get("epilogue")
+    if not REGISTER_CHAIN or not chain:
+        return None
+    extras = [buf for buf in k.inputs[k.node.attrs["epilogue_start"]:] if buf is not None]
+    return register_epilogue(None, chain, extras)
 
 
 def _plane(k: KernelBuilder, plan: DepthwisePlan, pn: ir.Value, work: ir.Value, fma: ir.Function,
@@ -304,6 +318,9 @@ def _plane(k: KernelBuilder, plan: DepthwisePlan, pn: ir.Value, work: ir.Value, 
     w, y = k.inputs[1], k.outputs[0]
     bias = k.inputs[2] if len(k.inputs) > 2 else None
     chain = None if _chain_after_crop(k, plan) else k.node.attrs.get("epilogue")
+    in_registers = _register_chain(k) if chain else None
+    if in_registers is not None:  # applied to each accumulator vector: no chain pass
+        chain = None
     extras = {buf.name: buf for buf in k.inputs[k.node.attrs["epilogue_start"]:] if buf is not None} if chain else {}
     flat_chain = bool(chain) and _chain_is_per_channel(k)
     (kh, kw), (oh_n, ow_n) = win.kernel, win.out
@@ -331,20 +348,22 @@ def _plane(k: KernelBuilder, plan: DepthwisePlan, pn: ir.Value, work: ir.Value, 
                     r = b.add(b.mul(oh, _c(sh)), _c(last_tap - t))
                     _copy_padded_row(b, plan, src, work, r, (last_tap - t) % sh)
             row = b.mul(oh, _c(pitch))
-            sums = []
+            y_row = b.gep(y_plane, [b.mul(oh, _c(ow_n))], inbounds=True)
             for d in range(0, plan.acc_floats, lanes):
                 s = _step(b, work, b.add(row, _c(d)), taps, weights, start, fma, vec)
-                sums.append(s)
-                if chain or not whole_vectors:
+                if in_registers is not None:
+                    s = in_registers.apply(b, s, None)
+                if whole_vectors and not chain:  # stored as computed: few live vectors, no spills
+                    _store_row(b, [s], b.gep(y_row, [_c(d)], inbounds=True), ow_n - d)
+                else:
                     b.store(s, b.bitcast(b.gep(acc, [_c(d)], inbounds=True), vec.as_pointer()), align=4 * lanes)
-            if whole_vectors:
-                if chain:  # per channel: on the row's whole vectors, then read back as stored
-                    _chain_in_place(k, acc, 0, plan.acc_floats, extras, [n, c, _c(0), _c(0)], "dw.epi",
-                                    (("llvm.loop.vectorize.width", lanes), ("llvm.loop.interleave.count", 1)))
-                    sums = [b.load(b.bitcast(b.gep(acc, [_c(d)], inbounds=True), vec.as_pointer()), align=4 * lanes)
-                            for d in range(0, plan.acc_floats, lanes)]
-                _store_row(b, sums, b.gep(y_plane, [b.mul(oh, _c(ow_n))], inbounds=True), ow_n)
-            else:
+            if whole_vectors and chain:  # per channel: on the row's whole vectors, then read back as stored
+                _chain_in_place(k, acc, 0, plan.acc_floats, extras, [n, c, _c(0), _c(0)], "dw.epi",
+                                (("llvm.loop.vectorize.width", lanes), ("llvm.loop.interleave.count", 1)))
+                sums = [b.load(b.bitcast(b.gep(acc, [_c(d)], inbounds=True), vec.as_pointer()), align=4 * lanes)
+                        for d in range(0, plan.acc_floats, lanes)]
+                _store_row(b, sums, y_row, ow_n)
+            elif not whole_vectors:
                 with packed.for_range(b, 0, ow_n, name="dw.ow") as ow:
                     v = b.load(b.gep(acc, [ow], inbounds=True))
                     if chain:
@@ -353,6 +372,8 @@ def _plane(k: KernelBuilder, plan: DepthwisePlan, pn: ir.Value, work: ir.Value, 
         return
     with packed.for_range(b, 0, flat, lanes, name="dw.f") as f:
         s = _step(b, work, f, taps, weights, start, fma, vec)
+        if in_registers is not None:
+            s = in_registers.apply(b, s, None)
         b.store(s, b.bitcast(b.gep(acc, [f], inbounds=True), vec.as_pointer()), align=4 * lanes)
     if flat_chain:
         _chain_in_place(k, acc, 0, flat, extras, [n, c, _c(0), _c(0)], "dw.epi")

@@ -134,10 +134,11 @@ def test_depthwise_silu_after_the_crop_is_interleaved(tmp_path) -> None:
 
 def test_depthwise_rows_stored_from_registers(tmp_path) -> None:
     """On AVX-512 a row-wise plane stores each output row from the accumulator's vectors (the
-    last lanes by a masked store) after a per-channel chain on the row's whole vectors (a loop
-    of 16-lane steps, no remainder), instead of a scalar crop loop reading the row back (a
-    store-to-load forward that failed on every row: 3x3 192 @28 0.76x the time); a chain
-    reading a full-size input (a residual) keeps the crop loop."""
+    last lanes by a masked store) instead of a scalar crop loop reading the row back (a
+    store-to-load forward that failed on every row: 3x3 192 @28 0.76x the time).  A chain of
+    ReLUs and constant Clips runs on those vectors in registers (no pass at all); another
+    per-channel chain (a scale) runs on the row's whole vectors (a loop of 16-lane steps, no
+    remainder); a chain reading a full-size input (a residual) keeps the crop loop."""
     import re
 
     from polyml.kernels.conv import conv_window
@@ -150,18 +151,44 @@ def test_depthwise_rows_stored_from_registers(tmp_path) -> None:
     x, w = TensorType((1, 8, 28, 28)), TensorType((8, 1, 3, 3))
     with packed.packed_gemm(True):
         lanes = depthwise_plan(node, x, w, conv_window(node, x, w)).lanes
-    for chain, registers in (("relu6", True), ("residual", False)):
+    for chain, stores, row_pass in (("relu6", True, False), ("scale", True, True), ("residual", False, False)):
         path = tmp_path / f"{chain}.onnx"
         model = _dw_model((1, 8, 28, 28), (3, 3), {"pads": [1, 1, 1, 1]}, chain=chain)
         onnx.save(model, str(path))
         out = tmp_path / chain
         polyml_compile(path, out, emit=["ll"], cache=False, threads=1)
         ll = "".join(p.read_text() for p in out.glob("ops.off*.ll") if ".opt." not in p.name)
-        from_registers = lanes == 16 and registers
-        assert ('"dw.ow' in ll) != from_registers, chain  # the crop loop
-        assert bool(re.search(r'!\{ ?!"llvm.loop.vectorize.width", i32 16 ?\}', ll)) == from_registers, chain
+        assert ('"dw.ow' in ll) != (lanes == 16 and stores), chain  # the crop loop
+        assert bool(re.search(r'!\{ ?!"llvm.loop.vectorize.width", i32 16 ?\}', ll)) == (lanes == 16 and row_pass), chain
+        assert ('"dw.epi' in ll) == row_pass, chain  # the chain's pass over the row
         errs = compile_and_compare(model, threads=1, cache=False)
         assert max(errs.values()) <= TOL, errs
+
+
+def test_depthwise_chain_in_registers(tmp_path) -> None:
+    """A ReLU6 after a depthwise convolution on planes narrower than a vector (flat planes)
+    runs on the accumulator's vectors, not in a pass over the cropped output ("dw.chain") or
+    the accumulator ("dw.epi"); with ``POLYML_DW_REGISTER_EPILOGUE=0`` the pass after the crop
+    is back.  Exact against onnxruntime either way."""
+    import subprocess
+    import sys
+
+    model = _dw_model((1, 24, 7, 7), (3, 3), {"pads": [1, 1, 1, 1]}, chain="relu6")
+    path = tmp_path / "m.onnx"
+    onnx.save(model, str(path))
+    script = (
+        "import sys; from pathlib import Path; from polyml.compiler import compile as c\n"
+        "c(Path(sys.argv[1]), Path(sys.argv[2]), emit=['ll'], cache=False, threads=1)\n"
+    )
+    for flag, chain_pass in (("1", False), ("0", True)):
+        out = tmp_path / f"b{flag}"
+        env = {**__import__("os").environ, "POLYML_DW_REGISTER_EPILOGUE": flag}
+        subprocess.run([sys.executable, "-c", script, str(path), str(out)], check=True, env=env)
+        ll = "".join(p.read_text() for p in out.glob("ops.off*.ll") if ".opt." not in p.name)
+        assert ('"dw.chain' in ll) == chain_pass, flag
+        assert '"dw.epi' not in ll
+    errs = compile_and_compare(model, threads=1, cache=False)
+    assert max(errs.values()) <= TOL, errs
 
 
 def test_depthwise_interleaved_copy_choice() -> None:
