@@ -20,9 +20,10 @@ any is accumulated):
    outputs.  The ``P - OW`` columns per row past the output (and the tail up to ``F``) are junk,
    never stored: this keeps 7×7 and 14×14 planes in whole vectors (a 7×7 3×3/1 plane is 4
    vectors of 16 instead of 7 rows of 7 columns).
-3. *Epilogue*: the fused chain (activation, per-channel scale) applied to ``acc`` along ``f``
-   (a countable loop LLVM vectorizes), then the crop ``y[n, c, oh, ow] = acc[oh·P + ow]``; a
-   chain reading a full-size tensor (a residual add) runs in the crop loop instead.
+3. *Epilogue*: a chain of ReLUs and constant Clips on each accumulator vector in registers
+   (:func:`_register_chain`); another fused chain (SiLU, a per-channel scale) applied to ``acc``
+   along ``f`` (a countable loop LLVM vectorizes); then the crop ``y[n, c, oh, ow] = acc[oh·P +
+   ow]``; a chain reading a full-size tensor (a residual add) runs in the crop loop instead.
 
 In polyhedral terms the plane loop ``(n, c)`` is the only loop carrying no reuse, so it is the
 parallel one; the copy is a data-layout transformation (the phase split) that makes every
@@ -354,7 +355,7 @@ def _plane(k: KernelBuilder, plan: DepthwisePlan, pn: ir.Value, work: ir.Value, 
                 if in_registers is not None:
                     s = in_registers.apply(b, s, None)
                 if whole_vectors and not chain:  # stored as computed: few live vectors, no spills
-                    _store_row(b, [s], b.gep(y_row, [_c(d)], inbounds=True), ow_n - d)
+                    store_lanes(b, s, b.bitcast(b.gep(y_row, [_c(d)], inbounds=True), vec.as_pointer()), ow_n - d)
                 else:
                     b.store(s, b.bitcast(b.gep(acc, [_c(d)], inbounds=True), vec.as_pointer()), align=4 * lanes)
             if whole_vectors and chain:  # per channel: on the row's whole vectors, then read back as stored
