@@ -318,10 +318,8 @@ def _plane(k: KernelBuilder, plan: DepthwisePlan, pn: ir.Value, work: ir.Value, 
     b, win = k.b, plan.win
     w, y = k.inputs[1], k.outputs[0]
     bias = k.inputs[2] if len(k.inputs) > 2 else None
-    chain = None if _chain_after_crop(k, plan) else k.node.attrs.get("epilogue")
-    in_registers = _register_chain(k) if chain else None
-    if in_registers is not None:  # applied to each accumulator vector: no chain pass
-        chain = None
+    in_registers = _register_chain(k)  # applied to each accumulator vector: no chain pass
+    chain = None if in_registers is not None or _chain_after_crop(k, plan) else k.node.attrs.get("epilogue")
     extras = {buf.name: buf for buf in k.inputs[k.node.attrs["epilogue_start"]:] if buf is not None} if chain else {}
     flat_chain = bool(chain) and _chain_is_per_channel(k)
     (kh, kw), (oh_n, ow_n) = win.kernel, win.out
