@@ -328,9 +328,7 @@ def _plane(k: KernelBuilder, plan: DepthwisePlan, pn: ir.Value, work: ir.Value, 
     acc = b.gep(work, [_c(plan.in_floats)], inbounds=True)
     n, c = b.udiv(pn, _c(plan.channels)), b.urem(pn, _c(plan.channels))
     # acc[f] = b[c] + Σ w[c, i, j] · xph[f + off(i, j)], L outputs per step
-    wbase = b.gep(b.bitcast(w.ptr, f32p), [b.mul(c, _c(kh * kw))], inbounds=True)
-    weights = [splat(b, b.load(b.gep(wbase, [_c(i * kw + j)], inbounds=True)), vec) for i, j, _ in taps]
-    start = splat(b, bias.load([c]), vec) if bias is not None else ir.Constant(vec, [0.0] * lanes)
+    weights, start = tap_weights(b, w, bias, c, taps, kw, vec)
     if plan.rowwise:
         # per output row: its vectors into the row accumulator (in L1), then the fused chain
         # and the store of the row; no plane-sized accumulator pass
@@ -383,6 +381,14 @@ def _plane(k: KernelBuilder, plan: DepthwisePlan, pn: ir.Value, work: ir.Value, 
             if chain and not flat_chain:
                 v = evaluate_chain(k, chain, {k.node.attrs["epilogue_acc"]: v}, extras, [n, c, oh, ow])
             b.store(v, b.gep(y_plane, [b.add(b.mul(oh, _c(ow_n)), ow)], inbounds=True))
+
+
+def tap_weights(b: ir.IRBuilder, w: Buffer, bias: Buffer | None, c: ir.Value, taps: list[tuple[int, int, int]],
+                kw: int, vec: ir.VectorType) -> tuple[list[ir.Value], ir.Value]:
+    """Channel ``c``'s tap weights broadcast in tap order, and its bias broadcast (zeros without one)."""
+    wbase = b.gep(b.bitcast(w.ptr, F32.as_pointer()), [b.mul(c, _c(len(taps)))], inbounds=True)
+    weights = [splat(b, b.load(b.gep(wbase, [_c(i * kw + j)], inbounds=True)), vec) for i, j, _ in taps]
+    return weights, splat(b, bias.load([c]), vec) if bias is not None else ir.Constant(vec, [0.0] * vec.count)
 
 
 def _store_row(b: ir.IRBuilder, sums: list[ir.Value], y_row: ir.Value, width: int) -> None:
@@ -501,7 +507,8 @@ def _copy_row(b: ir.IRBuilder, plan: DepthwisePlan, src: ir.Value, work: ir.Valu
                     copy(j, pc)
 
 
-def _copy_row_vectors(b: ir.IRBuilder, plan: DepthwisePlan, src_row: ir.Value, dst_rows: list[ir.Value]) -> None:
+def _copy_row_vectors(b: ir.IRBuilder, plan: DepthwisePlan, src_row: ir.Value | None, dst_rows: list[ir.Value],
+                      vectors: list[ir.Value] | None = None) -> None:
     """One input row into its ``sw`` phase rows with whole vectors: chunks of ``L·sw`` input
     floats are loaded (masked past the row's used columns), split into the ``sw`` column phases
     by one shuffle each (``sw = 2``: the even and the odd lanes of two vectors, one
@@ -511,7 +518,10 @@ def _copy_row_vectors(b: ir.IRBuilder, plan: DepthwisePlan, src_row: ir.Value, d
     widths (:data:`UNALIGNED_MAX_LANES`) the partial vectors are loaded and stored lane by lane
     instead: ``vmaskmovps`` is microcoded on AMD's cores (eleventh session, Zen 1 EPYC, single
     layers with ReLU6, 1 thread CPU time, minimum of 60, lanes / masked: 3x3 960 @7 0.62, 5x5
-    1152 @7 0.76, 3x3 576 @14 0.83; 40 runs: 3x3/2 144 @56 0.70, 3x3/2 96 @112 1.01)."""
+    1152 @7 0.76, 3x3 576 @14 0.83; 40 runs: 3x3/2 144 @56 0.70, 3x3/2 96 @112 1.01).
+    With ``vectors`` (the row's ``L``-float vectors from its first column, lanes past the used
+    columns ignored), the row comes from registers instead of ``src_row``
+    (:mod:`polyml.kernels.depthwise_product`)."""
     win = plan.win
     lanes, sw, pl = plan.lanes, plan.phases[1], win.pads_begin[1]
     vec = ir.VectorType(F32, lanes)
@@ -524,6 +534,9 @@ def _copy_row_vectors(b: ir.IRBuilder, plan: DepthwisePlan, src_row: ir.Value, d
             on = [first + u < used for u in range(lanes)]
             if not any(on):
                 parts.append(ir.Constant(vec, None))
+                continue
+            if vectors is not None:
+                parts.append(vectors[first // lanes])
                 continue
             ptr = b.bitcast(b.gep(src_row, [_c(first)], inbounds=True), vec.as_pointer())
             if all(on):
@@ -567,4 +580,4 @@ def _phase_range(p: int, s: int, pad: int, size: int, required: int) -> tuple[in
     return lo, max(lo, hi)
 
 
-__all__ = ["DepthwisePlan", "convolve_depthwise", "depthwise_plan"]
+__all__ = ["DepthwisePlan", "convolve_depthwise", "depthwise_plan", "tap_weights"]

@@ -51,8 +51,9 @@ from dataclasses import dataclass, field
 import numpy as np
 from polyml.kernels.elementwise import elementwise_ops
 from polyml.passes.attention import FuseAttention
-from polyml.passes.conv_scale import fold_conv_input_scales
 from polyml.passes.clip_bounds import fold_clip_bounds
+from polyml.passes.conv_scale import fold_conv_input_scales
+from polyml.passes.depthwise_product import absorb_groups, fold_depthwise_products
 from polyml.passes.silu import fold_silu
 
 from polyml.graph import Graph, Node, TensorType
@@ -84,6 +85,8 @@ class FuseOperators:
     attention: bool = True
     #: a run-time per-channel scale before a 1x1 Conv read by the Conv (:mod:`polyml.passes.conv_scale`)
     conv_scales: bool = True
+    #: a 1x1 expansion computed inside the depthwise Conv reading it (:mod:`polyml.passes.depthwise_product`)
+    depthwise_products: bool = True
 
     def apply(self, graph: Graph) -> tuple[Graph, FusionReport]:
         g = copy.deepcopy(graph)
@@ -98,6 +101,8 @@ class FuseOperators:
         _fuse_chains(g, report)
         if self.conv_scales:
             report.groups.extend(fold_conv_input_scales(g))
+        if self.depthwise_products:
+            report.groups = absorb_groups(report.groups, fold_depthwise_products(g))
         _fuse_pool_prologues(g, report)
         _report_edges(g, report)
         g.prune()

@@ -13,8 +13,8 @@ def graph_flops(graph: Graph) -> float:
 
 
 def node_flops(types: Mapping[str, TensorType], n: Node) -> float:
-    """2 × multiply-adds of one Conv, ConvTranspose, Gemm, MatMul, Einsum or fused attention
-    node (0 for other ops)."""
+    """2 × multiply-adds of one Conv, ConvTranspose, Gemm, MatMul, Einsum, fused attention or
+    fused expansion and depthwise node (0 for other ops)."""
     if n.op_type == "Conv":
         w = types[n.inputs[1]].shape
         return 2.0 * types[n.outputs[0]].size * w[1] * _prod(w[2:])
@@ -30,6 +30,9 @@ def node_flops(types: Mapping[str, TensorType], n: Node) -> float:
     if n.op_type == "polyml.Attention":  # Q·Kᵀ then P·V
         q, v, o = types[n.inputs[0]].shape, types[n.inputs[2]].shape, types[n.outputs[0]]
         return 2.0 * _prod(q) * v[-2] + 2.0 * o.size * v[-2]
+    if n.op_type == "polyml.DepthwiseProduct":  # the 1x1 expansion, then the depthwise Conv
+        x, w_e, w_d = types[n.inputs[0]], types[n.inputs[1]].shape, types[n.inputs[3]].shape
+        return 2.0 * x.size * w_e[0] + 2.0 * types[n.outputs[0]].size * _prod(w_d[2:])
     if n.op_type == "Einsum" and len([i for i in n.inputs if i]) == 2:
         return 2.0 * _prod(_einsum_sizes(n, types).values())
     return 0.0

@@ -89,7 +89,13 @@ def main() -> None:
     steps = compiled.profile(feeds, repeat=args.repeat)
     key = block
     if any("/" in name for name in ort_nodes):
-        by_block = {block(name): ms for name, (_, ms) in ort_nodes.items()}
+        # a fused expansion and depthwise step stands for both convolutions' nodes
+        merged = {block(op): block(group["nest"]) for group in compiled.manifest.get("fusion", {}).get("groups", [])
+                  if group.get("kind") == "depthwise-product" for op in group["ops"]}
+        by_block = {}
+        for name, (_, ms) in ort_nodes.items():
+            owner = merged.get(block(name), block(name))
+            by_block[owner] = by_block.get(owner, 0.0) + ms if owner in merged.values() else ms
     else:  # zoo-style names: pair by graph order, summing the nodes each step covers
         owners = graph_order_blocks(args.model, [s.get("node") or "" for s in steps], list(ort_nodes))
         by_block = collections.defaultdict(float)

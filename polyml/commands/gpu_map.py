@@ -59,7 +59,7 @@ def kernel_entries(args: argparse.Namespace) -> list[dict]:
     if args.fuse:
         from polyml.passes.fuse import FuseOperators
 
-        graph, _ = FuseOperators(attention=False, conv_scales=False).apply(graph)  # the grid mapping takes constant-bound nests only
+        graph, _ = FuseOperators(attention=False, conv_scales=False, depthwise_products=False).apply(graph)  # the grid mapping takes constant-bound nests only
     low = lower_graph_cuda(graph, shared_bytes=SHARED_BYTES if getattr(args, "shared_memory", False) else 0)
     return [launch.to_json() for launch in low.launches]
 

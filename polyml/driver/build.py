@@ -149,19 +149,22 @@ def build_artifact(
     seconds["quantize"] = time.perf_counter() - t0
     fusion = None
     unfused = graph
+    packed = options.gemm == "packed" and not options.import_jscop
+    parallel = options.parallel and options.threads != 1
     if options.fuse:
+        from polyml.codegen.gemm import packed_gemm
         from polyml.passes.fuse import FuseOperators
 
         t0 = time.perf_counter()
-        graph, fusion = FuseOperators(attention=options.attention).apply(graph)
+        with packed_gemm(packed, options.conv, parallel):  # some fused forms exist for some kernels only
+            graph, fusion = FuseOperators(attention=options.attention).apply(graph)
         seconds["fuse"] = time.perf_counter() - t0
     from polyml.codegen.tiling import resolve as resolve_tiles
 
     tiles = resolve_tiles(options.tile_sizes)
     t0 = time.perf_counter()
-    lowered = lower_graph(graph, target, chunks=chunks, parallel=options.parallel and options.threads != 1,
-                          in_place_concat=options.fuse, tile_bytes=tiles.conv_bytes, packed_gemm=options.gemm == "packed" and not options.import_jscop,
-                          conv=options.conv)
+    lowered = lower_graph(graph, target, chunks=chunks, parallel=parallel, in_place_concat=options.fuse,
+                          tile_bytes=tiles.conv_bytes, packed_gemm=packed, conv=options.conv)
     if fusion is not None:  # the lowering decides Concat placement; its entries join the report
         fusion.groups.extend(lowered.concat_in_place)
         fusion.blocked.extend(lowered.concat_blocked)

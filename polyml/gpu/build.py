@@ -61,7 +61,7 @@ def build_cuda_artifact(graph: Graph, outdir: str | os.PathLike, sm: str = DEFAU
         from polyml.passes.fuse import FuseOperators
 
         t0 = time.perf_counter()
-        graph, fusion = FuseOperators(attention=False, conv_scales=False).apply(graph)  # the grid mapping takes constant-bound nests only
+        graph, fusion = FuseOperators(attention=False, conv_scales=False, depthwise_products=False).apply(graph)  # the grid mapping takes constant-bound nests only
         seconds["fuse"] = time.perf_counter() - t0
     t0 = time.perf_counter()
     low = lower_graph_cuda(graph, shared_bytes=SHARED_BYTES if shared_memory else 0)

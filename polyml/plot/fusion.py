@@ -69,7 +69,7 @@ class Unit:
 
     key: str
     ops: list[str]  # "label (OpType)" lines
-    #: "op", "tensor", or the nest's kind (epilogue, elementwise, pool-prologue, attention, conv-input-scale)
+    #: "op", "tensor", or the nest's kind (epilogue, elementwise, pool-prologue, attention, conv-input-scale, depthwise-product)
     kind: str = "op"
 
     @property
