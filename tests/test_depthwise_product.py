@@ -79,6 +79,7 @@ CASES = [
     ((1, 8, 21, 33), 12, (3, 3), {"pads": [1, 1, 1, 1], "strides": [2, 1]}),
     ((1, 64, 17, 18), 8, (3, 3), {}),  # K = MAX_K, no pads
     ((1, 2, 40, 96), 4, (5, 5), {"pads": [2, 2, 2, 2], "strides": [2, 2]}),  # several vectors per phase row
+    ((1, 4, 3, 82), 96, (3, 3), {}),  # one output row: the threads split the channels (4 per block)
 ]
 
 
