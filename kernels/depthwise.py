@@ -119,6 +119,11 @@ class DepthwisePlan:
         return -(-p // self.lanes) * self.lanes if self.rowwise else p
 
     @property
+    def used_columns(self) -> int:
+        """Input columns some output reads."""
+        return min(self.win.size[1], self.win.required[1] - self.win.pads_begin[1])
+
+    @property
     def flat(self) -> int:
         """Accumulated flat outputs ``F``: ``OH·P`` rounded up to whole vectors."""
         return -(-self.win.out[0] * self.pitch // self.lanes) * self.lanes
@@ -525,7 +530,7 @@ def _copy_row_vectors(b: ir.IRBuilder, plan: DepthwisePlan, src_row: ir.Value | 
     win = plan.win
     lanes, sw, pl = plan.lanes, plan.phases[1], win.pads_begin[1]
     vec = ir.VectorType(F32, lanes)
-    used = min(win.size[1], win.required[1] - pl)  # input columns some output reads
+    used = plan.used_columns
     align = ir.Constant(ir.IntType(32), 4)
     for w0 in range(0, used, lanes * sw):
         parts = []

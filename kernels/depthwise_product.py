@@ -134,15 +134,9 @@ class ProductPlan:
         return plane * self.phase_floats + self.dw.lanes + j * dw // sw - self.lead(pc)
 
     @property
-    def used(self) -> int:
-        """Input columns some output reads."""
-        win = self.dw.win
-        return min(win.size[1], win.required[1] - win.pads_begin[1])
-
-    @property
     def vectors(self) -> int:
         """Vectors of one product row."""
-        return -(-self.used // self.dw.lanes)
+        return -(-self.dw.used_columns // self.dw.lanes)
 
     @property
     def band(self) -> int:
@@ -186,7 +180,7 @@ def product_plan(node: Node, x: TensorType, w_e: TensorType, w_d: TensorType) ->
     dw = depthwise_plan(node, t, w_d, conv_window(node, t, w_d))
     if dw is None or not dw.rowwise or dw.lanes <= UNALIGNED_MAX_LANES or dw.phases[1] > VECTOR_ROW_MAX_STRIDE:
         return None
-    vectors = ProductPlan(dw, x.shape[1], 1).vectors
+    vectors = -(-dw.used_columns // dw.lanes)
     blocks = [d for d in range(1, dw.channels + 1) if dw.channels % d == 0 and d * vectors <= BLOCK_ACCUMULATORS]
     if not blocks:
         return None
@@ -206,8 +200,8 @@ class DepthwiseProduct(Kernel):
     op_types = (DEPTHWISE_PRODUCT_OP,)
     polly = "off"
 
-    def _plan(self, node: Node, ins: list[Operand | None]) -> ProductPlan:
-        plan = product_plan(node, ins[X].type, ins[W_E].type, ins[W_D].type)
+    def _plan(self, node: Node, types: list[TensorType | None]) -> ProductPlan:
+        plan = product_plan(node, types[X], types[W_E], types[W_D])
         if plan is None:  # the pass made the node with the same test
             raise AssertionError(f"{node.label}: no fused form for {DEPTHWISE_PRODUCT_OP}")
         return plan
@@ -218,18 +212,16 @@ class DepthwiseProduct(Kernel):
         return [TensorType((x.shape[0], w_e.shape[0], *conv_window(node, t, ins[W_D].type).out), x.dtype)]
 
     def describe(self, node: Node, ins: list[Operand | None], outs: list[TensorType]) -> str:
-        plan = self._plan(node, ins)
+        plan = self._plan(node, [op.type if op is not None else None for op in ins])
         win = plan.dw.win
         return (f"1x1 {plan.k}->{plan.dw.channels} + {'x'.join(map(str, win.kernel))}/{max(win.strides)} "
                 f"g{plan.dw.channels} @{'x'.join(map(str, win.size))} depthwise_product")
 
     def temps(self, node: Node, ins: list[Operand | None], outs: list[TensorType]) -> list[TensorType]:
-        return [self._plan(node, ins).scratch]
+        return [self._plan(node, [op.type if op is not None else None for op in ins]).scratch]
 
     def lower(self, k: KernelBuilder) -> None:
-        plan = product_plan(k.node, k.in_types[X], k.in_types[W_E], k.in_types[W_D])
-        assert plan is not None, "temps() made the same plan"
-        _emit(k, plan, k.temps[0])
+        _emit(k, self._plan(k.node, k.in_types), k.temps[0])
 
 
 def _emit(k: KernelBuilder, plan: ProductPlan, scratch: Buffer) -> None:
@@ -307,8 +299,7 @@ def _product_row(k: KernelBuilder, plan: ProductPlan, fma: ir.Function, vec: ir.
             w_rows = [b.gep(b.bitcast(w_e.ptr, F32.as_pointer()), [b.mul(b.add(c0, _c(j)), _c(plan.k))], inbounds=True)
                       for j in range(plan.block)]
             first = [splat(b, b_e.load([b.add(c0, _c(j))]), vec) if b_e is not None else zero for j in range(plan.block)]
-            used = plan.used
-            mask_last = used % lanes
+            mask_last = dw.used_columns % lanes
 
             def update(kk: ir.Value, accs: list[ir.Value]) -> list[ir.Value]:
                 row = b.gep(x_row, [b.mul(kk, _c(h * wd))], inbounds=True)

@@ -28,7 +28,9 @@ def _is_channel_gate(shape: tuple[int, ...], rank: int, channels: int) -> bool:
     return len(full) == rank and full[0] == 1 and full[1] == channels and all(d == 1 for d in full[2:])
 
 
-def _pointwise_conv(g: Graph, conv: Node, x_name: str) -> bool:
+def pointwise_conv(g: Graph, conv: Node, x_name: str) -> bool:
+    """Whether ``conv`` reading ``x_name`` is a 2-D 1x1 Conv of batch 1: stride 1, unpadded,
+    undilated, ungrouped, with no input scale folded in yet."""
     x = g.types[x_name]
     w = g.types.get(conv.inputs[1]) if len(conv.inputs) > 1 else None
     if conv.op_type != "Conv" or len(x.shape) != 4 or x.shape[0] != 1 or w is None or w.shape[2:] != (1, 1):
@@ -59,7 +61,7 @@ def fold_conv_input_scales(g: Graph) -> list[dict]:
             x, s = g.types.get(x_name), g.types.get(s_name)
             if x is None or s is None or x != out or s.dtype != "float32" or s_name in g.constants:
                 continue
-            if not _is_channel_gate(s.shape, len(out.shape), out.shape[1]) or not _pointwise_conv(g, conv, x_name):
+            if not _is_channel_gate(s.shape, len(out.shape), out.shape[1]) or not pointwise_conv(g, conv, x_name):
                 continue
             base = list(conv.inputs) + [""] * (3 - len(conv.inputs))
             start = int(conv.attrs.get("epilogue_start", len(base)))

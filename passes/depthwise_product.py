@@ -20,19 +20,9 @@ planes, batch 1, ``K ≤ 64``).
 from __future__ import annotations
 
 from polyml.kernels.depthwise_product import DEPTHWISE_PRODUCT_OP, chains_fit, product_plan
+from polyml.passes.conv_scale import pointwise_conv
 
 from polyml.graph import Graph, Node
-
-
-def _expansion(g: Graph, conv: Node) -> bool:
-    """Whether ``conv`` is a plain 2-D 1x1 Conv whose chain (if any) has no inputs of its own."""
-    w = g.types.get(conv.inputs[1]) if len(conv.inputs) > 1 else None
-    attrs = conv.attrs
-    return (conv.op_type == "Conv" and w is not None and len(w.shape) == 4 and w.shape[2:] == (1, 1)
-            and int(attrs.get("group", 1)) == 1 and all(int(v) == 1 for v in attrs.get("strides", [1, 1]))
-            and all(int(v) == 1 for v in attrs.get("dilations", [1, 1])) and not any(attrs.get("pads", [0] * 4))
-            and attrs.get("auto_pad", "NOTSET") in ("NOTSET", "VALID", "") and "input_scale" not in attrs
-            and not any(conv.inputs[3:]))
 
 
 def fold_depthwise_products(g: Graph) -> list[dict]:
@@ -49,7 +39,7 @@ def fold_depthwise_products(g: Graph) -> list[dict]:
         exp = producers.get(t)
         if exp is None or id(exp) in dropped or t in g.outputs or len(consumers.get(t, [])) != 1:
             continue
-        if not _expansion(g, exp):
+        if not pointwise_conv(g, exp, exp.inputs[0]) or any(exp.inputs[3:]):  # no inputs past the bias
             continue
         start = int(dw.attrs.get("epilogue_start", len(dw.inputs)))
         extras = [name for name in dw.inputs[start:] if name]
