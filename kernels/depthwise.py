@@ -46,7 +46,17 @@ from polyml.kernels.conv import VECTOR_LANES, Window, _isa, register_epilogue
 from polyml.kernels.fused import evaluate_chain
 
 from polyml.codegen import gemm as packed
-from polyml.codegen.builder import F32, I64, Buffer, KernelBuilder, masked_intrinsic, skip_polly, splat, store_lanes
+from polyml.codegen.builder import (
+    F32,
+    I64,
+    Buffer,
+    KernelBuilder,
+    masked_intrinsic,
+    skip_polly,
+    splat,
+    store_lanes,
+    vector_fma,
+)
 from polyml.graph import Node, TensorType
 
 #: planes·taps·outputs below which the convolution runs on one thread (the fork/join of a
@@ -240,8 +250,7 @@ def convolve_depthwise(k: KernelBuilder, plan: DepthwisePlan, scratch: Buffer) -
     h, wd = win.size
     f32p = F32.as_pointer()
     vec = ir.VectorType(F32, lanes)
-    fma = k.module.globals.get(f"llvm.fma.v{lanes}f32") or ir.Function(
-        k.module, ir.FunctionType(vec, [vec, vec, vec]), f"llvm.fma.v{lanes}f32")
+    fma = vector_fma(k.module, lanes)
 
     with k.parallel_loop(0, plan.parts, "dw") as part:
         b = k.b

@@ -59,7 +59,17 @@ from polyml.kernels.depthwise import (
 )
 
 from polyml.codegen import gemm as packed
-from polyml.codegen.builder import F32, I64, Buffer, KernelBuilder, masked_intrinsic, skip_polly, splat, store_lanes
+from polyml.codegen.builder import (
+    F32,
+    I64,
+    Buffer,
+    KernelBuilder,
+    masked_intrinsic,
+    skip_polly,
+    splat,
+    store_lanes,
+    vector_fma,
+)
 from polyml.graph import Node, TensorType
 
 DEPTHWISE_PRODUCT_OP = "polyml.DepthwiseProduct"
@@ -230,8 +240,7 @@ def _emit(k: KernelBuilder, plan: ProductPlan, scratch: Buffer) -> None:
     lanes = dw.lanes
     vec = ir.VectorType(F32, lanes)
     set.add(k.fn.attributes, '"min-legal-vector-width"="512"')
-    fma = k.module.globals.get(f"llvm.fma.v{lanes}f32") or ir.Function(
-        k.module, ir.FunctionType(vec, [vec, vec, vec]), f"llvm.fma.v{lanes}f32")
+    fma = vector_fma(k.module, lanes)
     start = k.node.attrs.get("epilogue_start", len(k.inputs))
     extras = [buf for buf in k.inputs[start:] if buf is not None]
     expansion = register_epilogue(None, k.node.attrs.get("product_epilogue"), [])

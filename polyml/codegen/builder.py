@@ -87,6 +87,13 @@ def skip_polly(fn: ir.Function) -> None:
     set.add(fn.attributes, '"polly.skip.fn"')
 
 
+def vector_fma(module: ir.Module, lanes: int) -> ir.Function:
+    """``llvm.fma.v<lanes>f32``, declared in ``module`` once."""
+    name = f"llvm.fma.v{lanes}f32"
+    vec = ir.VectorType(F32, lanes)
+    return module.globals.get(name) or ir.Function(module, ir.FunctionType(vec, [vec, vec, vec]), name)
+
+
 def masked_intrinsic(b: ir.IRBuilder, name: str, vec: ir.VectorType, lanes_on: list[bool]) -> tuple[ir.Function, ir.Constant]:
     """The ``llvm.masked.{load,store}`` intrinsic for ``vec`` and the constant lane mask."""
     module = b.module

@@ -47,6 +47,7 @@ from polyml.codegen.builder import (
     skip_polly,
     splat,
     store_lanes,
+    vector_fma,
 )
 from polyml.errors import PolymlError
 
@@ -548,8 +549,7 @@ def micro_kernel(module: ir.Module, blk: Blocking, attrs: Sequence[str], lda: in
     zero = ir.Constant(vec, [0.0] * blk.width)
     fma = None
     if blk.fma:
-        fma_name = f"llvm.fma.v{blk.width}f32"
-        fma = module.globals.get(fma_name) or ir.Function(module, ir.FunctionType(vec, [vec, vec, vec]), fma_name)
+        fma = vector_fma(module, blk.width)
     def step(p: ir.Value, accs: list[list[ir.Value]]) -> list[list[ir.Value]]:
         if b_rows:
             b_row = b.gep(bp, [b.sext(b.load(b.gep(rows_at, [p], inbounds=True)), I64)], inbounds=True)
@@ -674,8 +674,7 @@ def column_kernel(module: ir.Module, blk: Blocking, attrs: Sequence[str], cols: 
     zero = ir.Constant(vec, [0.0] * width)
     fma = None
     if blk.fma:
-        fma_name = f"llvm.fma.v{width}f32"
-        fma = module.globals.get(fma_name) or ir.Function(module, ir.FunctionType(vec, [vec, vec, vec]), fma_name)
+        fma = vector_fma(module, width)
     last_lanes = mr - (row_vectors - 1) * width
     chains = max(1, min(4, 8 // (cols * row_vectors)))
 

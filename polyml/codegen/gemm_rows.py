@@ -33,7 +33,7 @@ from dataclasses import dataclass
 import llvmlite.ir as ir
 import numpy as np
 
-from polyml.codegen.builder import F32, I64, Buffer, KernelBuilder, splat
+from polyml.codegen.builder import F32, I64, Buffer, KernelBuilder, splat, vector_fma
 from polyml.codegen.gemm import F32P, Epilogue, _c, _function, _min, _prefetch, for_range, tile_loop
 
 #: output channels per tile (two AVX-512 vectors)
@@ -113,7 +113,7 @@ def _micro_kernel(module: ir.Module, spec: RowsSpec, attrs: Sequence[str], stack
     for a in (src, bp, tile):
         a.add_attribute("noalias")
     b = ir.IRBuilder(fn.append_basic_block("entry"))
-    fma = module.globals.get("llvm.fma.v16f32") or ir.Function(module, ir.FunctionType(vec, [vec] * 3), "llvm.fma.v16f32")
+    fma = vector_fma(module, 16)
     vectors = CHANNELS // WIDTH
 
     def step(p: ir.Value, accs: list[list[ir.Value]]) -> list[list[ir.Value]]:
