@@ -22,7 +22,7 @@ test-emulator: setup
 	POLYML_EMULATOR_FULL=1 $(PY) -m pytest -n $(PYTEST_WORKERS) --durations=15 -m emulator_full tests/test_gpu_emulator.py tests/test_gpu_emulator_nodesuite.py
 
 lint: setup
-	$(VENV)/bin/ruff check polyml kernels passes scripts tests
+	$(VENV)/bin/ruff check polyml scripts tests
 
 bench: setup
 	$(PY) scripts/bench_cnns.py

@@ -84,10 +84,10 @@ def _hash_tree(h: hashlib._Hash, root: Path) -> None:
 
 @functools.cache
 def source_hash() -> str:
-    """sha256 over polyml's own files (the ``polyml``, ``polyml.kernels``, ``polyml.passes``
-    package folders), so that a code change gives new cache keys."""
+    """sha256 over polyml's own files (the ``polyml`` package folder), so that a code change
+    gives new cache keys."""
     h = hashlib.sha256()
-    for pkg in ("polyml", "polyml.kernels", "polyml.passes"):
+    for pkg in ("polyml",):
         spec = importlib.util.find_spec(pkg)
         for loc in sorted(spec.submodule_search_locations or []) if spec else []:
             h.update(pkg.encode() + b"\0")

@@ -217,6 +217,6 @@ def test_every_codegen_switch_is_in_the_cache_key() -> None:
 
     root = Path(__file__).resolve().parent.parent
     read = set()
-    for path in [*(root / "kernels").glob("*.py"), *(root / "polyml" / "codegen").glob("*.py")]:
+    for path in [*(root / "polyml" / "kernels").glob("*.py"), *(root / "polyml" / "codegen").glob("*.py")]:
         read |= set(re.findall(r'os\.environ\.get\("(POLYML_[A-Z_]+)"', path.read_text()))
     assert read and read - {"POLYML_GEMM_BLOCKING"} <= set(CODEGEN_ENV), read - set(CODEGEN_ENV)

@@ -10,12 +10,12 @@ import numpy as np
 import onnx
 import pytest
 from onnx import TensorProto, helper
-from polyml.kernels import conv as conv_kernels
-from polyml.kernels import depthwise_product
-from polyml.passes.fuse import FuseOperators
 
 from polyml.codegen import gemm as packed
 from polyml.frontends.onnx import from_onnx
+from polyml.kernels import conv as conv_kernels
+from polyml.kernels import depthwise_product
+from polyml.passes.fuse import FuseOperators
 from polyml.testing import compile_and_compare
 
 TOL = 1e-5

@@ -261,10 +261,9 @@ def test_squeeze_excitation_scale_read_by_the_projection(c: int, size: int, m: i
 def test_squeeze_excitation_cases_cover_both_paths() -> None:
     """SE_CASES reach both ways of applying the scale on this host: the packed GEMM scaling x
     as it packs B, and another lowering of the projection reading a scaled copy."""
-    from polyml.kernels.conv import _plan, _scales_into_copy
-
     from polyml.codegen.gemm import packed_gemm
     from polyml.graph import Node, TensorType
+    from polyml.kernels.conv import _plan, _scales_into_copy
 
     paths = set()
     with packed_gemm(True):  # as a default host build lowers

@@ -16,12 +16,12 @@ import re
 import numpy as np
 import onnx
 import pytest
-from polyml.kernels.conv import make_window
 
 from polyml.compiler import compile as polyml_compile
 from polyml.errors import UnsupportedError
 from polyml.frontends.onnx import from_onnx
 from polyml.graph import Node
+from polyml.kernels.conv import make_window
 from polyml.testing import compile_and_compare, rel_error
 from polyml.testing import single_node_model as node_model
 
@@ -195,10 +195,9 @@ def _choice(xs: tuple[int, ...], ws: tuple[int, ...], attrs: dict, conv: str = "
             threaded: bool = True) -> str:
     """The plan's mode for a Conv of these shapes with the packed GEMM on (``conv`` choice), in a
     build for more than one thread (``threaded``) or for one."""
-    from polyml.kernels.conv import _plan
-
     from polyml.codegen import gemm as packed
     from polyml.graph import TensorType
+    from polyml.kernels.conv import _plan
 
     with packed.packed_gemm(True, conv, threaded):
         return _plan(Node("c", "Conv", ["x", "w"], ["y"], dict(attrs)), TensorType(xs), TensorType(ws), constant).mode
@@ -333,10 +332,9 @@ def test_conv_choice_by_shape(monkeypatch) -> None:
     channels but 3x3 ones (scripts/bench_conv.py's measurements, re-measured in the sixth and
     seventh sessions); 1x1 convolutions as the host's ISA says (next test: pinned to AVX-512
     here)."""
-    from polyml.kernels import conv
-
     from polyml.codegen import gemm as packed
     from polyml.graph import TensorType
+    from polyml.kernels import conv
 
     monkeypatch.setattr(conv, "_isa", lambda: "avx512")
     assert _choice((1, 256, 28, 28), (128, 256, 1, 1), {}) == "gemm"

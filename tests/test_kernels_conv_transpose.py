@@ -9,12 +9,12 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from polyml.kernels.conv_transpose import _plan, geometry
 
 from polyml.codegen import gemm as packed
 from polyml.errors import UnsupportedError
 from polyml.frontends.onnx import from_onnx
 from polyml.graph import Node, TensorType
+from polyml.kernels.conv_transpose import _plan, geometry
 from polyml.testing import compile_and_compare
 from polyml.testing import single_node_model as node_model
 

@@ -112,9 +112,8 @@ def test_depthwise_silu_after_the_crop_is_interleaved(tmp_path) -> None:
     flat plane on AVX-512's 16 lanes) keep the chain per row (no such loop)."""
     import re
 
-    from polyml.kernels.depthwise import CHAIN_INTERLEAVE
-
     from polyml.compiler import compile as polyml_compile
+    from polyml.kernels.depthwise import CHAIN_INTERLEAVE
 
     def build(size: int) -> tuple[str, str]:
         path = tmp_path / f"dw{size}.onnx"
@@ -141,11 +140,10 @@ def test_depthwise_rows_stored_from_registers(tmp_path) -> None:
     remainder); a chain reading a full-size input (a residual) keeps the crop loop."""
     import re
 
-    from polyml.kernels.conv import conv_window
-    from polyml.kernels.depthwise import depthwise_plan
-
     from polyml.codegen import gemm as packed
     from polyml.compiler import compile as polyml_compile
+    from polyml.kernels.conv import conv_window
+    from polyml.kernels.depthwise import depthwise_plan
 
     node = Node("c", "Conv", ["x", "w"], ["y"], {"group": 8, "pads": [1, 1, 1, 1]})
     x, w = TensorType((1, 8, 28, 28)), TensorType((8, 1, 3, 3))
@@ -170,9 +168,8 @@ def test_depthwise_chain_in_registers(tmp_path, monkeypatch) -> None:
     runs on the accumulator's vectors, not in a pass over the cropped output ("dw.chain") or
     the accumulator ("dw.epi"); with the switch off (``POLYML_DW_REGISTER_EPILOGUE=0``) the pass
     after the crop is back.  Exact against onnxruntime either way."""
-    from polyml.kernels import depthwise
-
     from polyml.compiler import compile as polyml_compile
+    from polyml.kernels import depthwise
 
     model = _dw_model((1, 24, 7, 7), (3, 3), {"pads": [1, 1, 1, 1]}, chain="relu6")
     path = tmp_path / "m.onnx"
@@ -192,10 +189,9 @@ def test_depthwise_interleaved_copy_choice() -> None:
     """Row-wise planes with a row stride, one plane at a time (larger than GROUP_FLOATS), copy
     their input rows as the output rows need them on AVX-512; unstrided rows and small planes
     copy whole planes first."""
+    from polyml.codegen import gemm as packed
     from polyml.kernels.conv import conv_window
     from polyml.kernels.depthwise import GROUP_FLOATS, depthwise_plan
-
-    from polyml.codegen import gemm as packed
 
     def plan(size: int, stride: int):
         node = Node("c", "Conv", ["x", "w"], ["y"], {"group": 96, "pads": [1, 1, 1, 1], "strides": [stride] * 2})
@@ -223,10 +219,9 @@ def test_depthwise_row_bands(xs, ks, attrs, cpus, monkeypatch) -> None:
     """Large row-wise planes split their output rows over the threads (each thread copies in
     the input rows its band reads, halos included); checked with 2 and 4 parts, uneven bands,
     unstrided (whole-band copy) and strided (interleaved copy) planes, fused chains."""
+    from polyml.codegen import gemm as packed
     from polyml.kernels.conv import conv_window
     from polyml.kernels.depthwise import depthwise_plan
-
-    from polyml.codegen import gemm as packed
 
     monkeypatch.setattr("os.cpu_count", lambda: cpus)
     attrs = dict(attrs)
@@ -242,10 +237,9 @@ def test_depthwise_row_bands(xs, ks, attrs, cpus, monkeypatch) -> None:
 
 def test_depthwise_row_bands_choice(monkeypatch) -> None:
     """Bands of at least BAND_MIN_ROWS rows, batch 1, row-wise planes, AVX-512; else planes."""
+    from polyml.codegen import gemm as packed
     from polyml.kernels.conv import conv_window
     from polyml.kernels.depthwise import BAND_MIN_ROWS, depthwise_plan
-
-    from polyml.codegen import gemm as packed
 
     monkeypatch.setattr("os.cpu_count", lambda: 2)
 
@@ -271,10 +265,9 @@ def test_depthwise_no_bias_one_thread() -> None:
 def test_depthwise_plan_choice() -> None:
     """Depthwise 2-D convolutions take the path in host builds unless conv=direct; grouped
     (not depthwise), channel-multiplier and 1-D ones keep the nests; the geometry is exact."""
+    from polyml.codegen import gemm as packed
     from polyml.kernels.conv import _plan
     from polyml.kernels.depthwise import depthwise_plan
-
-    from polyml.codegen import gemm as packed
 
     def mode(xs, ws, conv="auto", on=True, **attrs):
         node = Node("c", "Conv", ["x", "w"], ["y"], {"group": attrs.pop("group", xs[1]), **attrs})

@@ -477,10 +477,9 @@ def test_in_place_tail_tiles(blocking: str | None, monkeypatch) -> None:
     columns that stores only the row's (masked where fewer): rows of 111, 112, 88 and 56
     columns (tails of 15, 16, 24 and 24 on 32-column tiles, 15, 0, 8, 8 on 16-column ones),
     partial row panels (20 and 13 channels), 1 and 2 threads, against onnxruntime."""
-    from polyml.kernels.conv import conv_window, row_align
-
     from polyml.codegen.gemm import IN_PLACE_TAIL_MIN_TILES, blocking_for_host
     from polyml.graph import Node, TensorType
+    from polyml.kernels.conv import conv_window, row_align
 
     if blocking:
         monkeypatch.setenv("POLYML_GEMM_BLOCKING", blocking)

@@ -17,12 +17,12 @@ import math
 import numpy as np
 import onnx
 import pytest
-from polyml.kernels.pool import pool_window, separable_max
 
 from polyml.compiler import compile as polyml_compile
 from polyml.errors import UnsupportedError
 from polyml.frontends.onnx import from_onnx
 from polyml.graph import TensorType
+from polyml.kernels.pool import pool_window, separable_max
 from polyml.testing import compile_and_compare, onnxruntime_run, rel_error
 from polyml.testing import single_node_model as node_model
 

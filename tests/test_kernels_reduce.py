@@ -14,11 +14,11 @@ import numpy as np
 import onnx
 import pytest
 from onnx import helper, numpy_helper
-from polyml.kernels.reduce import REDUCE_OPS, merged_view
 
 from polyml.compiler import compile as polyml_compile
 from polyml.errors import UnsupportedError
 from polyml.frontends.onnx import from_onnx
+from polyml.kernels.reduce import REDUCE_OPS, merged_view
 from polyml.testing import compile_and_compare, onnxruntime_run, single_node_model
 
 TOL = 1e-5

@@ -16,13 +16,13 @@ import onnx
 import pytest
 from onnx import helper, numpy_helper
 from onnx.reference import ReferenceEvaluator
-from polyml.kernels import Operand
-from polyml.kernels.resize import axis_table, plan, settings
 
 from polyml.compiler import compile as polyml_compile
 from polyml.errors import ShapeError, UnsupportedError
 from polyml.frontends.onnx import from_onnx
 from polyml.graph import Node, TensorType
+from polyml.kernels import Operand
+from polyml.kernels.resize import axis_table, plan, settings
 from polyml.testing import compile_and_compare, rel_error
 
 TOL = 1e-5

@@ -119,10 +119,9 @@ def test_winograd_choice(isa, monkeypatch) -> None:
     (AVX-512: F(4x4) on big maps, F(2x2) from 12x12 with 48+ channels, on 7x7 only in
     one-thread builds; AVX2: F(4x4) from 13x13, F(2x2) on 7x7 and from 16 channels); strided,
     dilated, grouped, computed-weight and conv=gemm/direct builds keep the GEMM or nests."""
+    from polyml.codegen import gemm as packed
     from polyml.kernels import conv
     from polyml.kernels.conv import _plan
-
-    from polyml.codegen import gemm as packed
 
     monkeypatch.setattr(conv, "_isa", lambda: isa)
     monkeypatch.delenv("POLYML_WINOGRAD", raising=False)

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import numpy as np
 from onnx import TensorProto, helper
-from polyml.passes.clip_bounds import fold_clip_bounds
 
 from polyml.graph import Graph, Node, TensorType
+from polyml.passes.clip_bounds import fold_clip_bounds
 from polyml.testing import compile_and_compare
 
 

@@ -114,11 +114,10 @@ def test_plot_options_are_checked(transpose, tmp_path) -> None:
 @needs_mpl
 def test_squeezenet_fusion_picture(tmp_path) -> None:
     """One box per fused nest, one labelled edge per refused candidate (the build's own report)."""
-    from polyml.passes.fuse import FuseOperators
-
     from polyml.codegen.lower import lower_graph
     from polyml.compiler import read_graph
     from polyml.driver.toolchain import host_target
+    from polyml.passes.fuse import FuseOperators
     from polyml.plot import fusion
 
     path = tmp_path / "squeezenet.onnx"

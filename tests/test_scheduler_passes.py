@@ -12,14 +12,14 @@ import subprocess
 
 import islpy as isl
 import pytest
-from polyml.passes import PassError, parse_pipeline
-from polyml.passes import pipeline as P
-from polyml.passes.tile import footprint, model_sizes
 
 from polyml import affine_suite as A
 from polyml import passes
 from polyml.cli import main
 from polyml.driver.toolchain import tool
+from polyml.passes import PassError, parse_pipeline
+from polyml.passes import pipeline as P
+from polyml.passes.tile import footprint, model_sizes
 from polyml.scop import legality, printer
 from polyml.scop import schedule as sched
 from tests.test_scop_legality import GEMM, STENCIL, scop, stmt

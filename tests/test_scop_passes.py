@@ -8,10 +8,10 @@ import textwrap
 
 import islpy as isl
 import pytest
-from polyml.passes import PassError, parse_pipeline, split_pipeline
 
 from polyml import passes
 from polyml.cli import main
+from polyml.passes import PassError, parse_pipeline, split_pipeline
 from polyml.scop import legality, printer
 from polyml.scop import schedule as sched
 from tests.test_scop_legality import GEMM, STENCIL

@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import numpy as np
 from onnx import TensorProto, helper
-from polyml.passes.silu import fold_silu
 
 from polyml.graph import Graph, Node, TensorType
+from polyml.passes.silu import fold_silu
 from polyml.testing import compile_and_compare
 
 

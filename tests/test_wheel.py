@@ -28,7 +28,7 @@ pytestmark = pytest.mark.slow
 
 ROOT = Path(__file__).resolve().parents[1]
 #: source folders and where they install (setup.py)
-INSTALLED_AS = {"polyml": "polyml", "kernels": "polyml/kernels", "passes": "polyml/passes"}
+INSTALLED_AS = {"polyml": "polyml"}
 LOCKS = ("runtime.txt", "test.txt")
 
 
@@ -42,7 +42,7 @@ def _source_files() -> list[str]:
 
 
 def _expected_modules() -> dict[str, str]:
-    """{path in the wheel: source path} of every Python file of polyml, kernels/ and passes/."""
+    """{path in the wheel: source path} of every Python file of polyml."""
     want = {}
     for f in _source_files():
         top, _, rest = f.partition("/")
@@ -124,7 +124,7 @@ def test_wheel_has_every_module_and_the_locks(dist) -> None:
         assert z.read("polyml/gpu/emulate/runtime.c") == (ROOT / "polyml" / "gpu" / "emulate" / "runtime.c").read_bytes()
         (entry_points,) = (n for n in names if n.endswith(".dist-info/entry_points.txt"))
         assert "polyml = polyml.cli:main" in z.read(entry_points).decode()
-    assert not any(n.startswith(("kernels/", "passes/", "tests/", "requirements/")) for n in names), \
+    assert not any(n.startswith(("tests/", "requirements/")) for n in names), \
         "top-level folders must install under polyml/"
 
 
