@@ -1,5 +1,5 @@
 """A/B of polyml builds of one model next to onnxruntime, in one process: the way kernel changes
-of issue 14 were judged on a host whose neighbour moves medians by up to 2x.
+are judged on a host whose neighbour moves medians by up to 2x.
 
 Each artifact folder (built from the same model, e.g. before and after a change, or with a
 codegen switch such as ``POLYML_CONV_ROWS=0``) and onnxruntime run in alternating blocks
@@ -8,7 +8,7 @@ does not tax the next runner). Prints minimum and median per runner and the rati
 build and to onnxruntime. ``--clock cpu`` times process CPU time (robust at one thread when
 the other core is busy; meaningless for more threads)::
 
-    .venv/bin/python scripts/ab_builds.py build/issue14/mobilenet_v2.onnx A.polyml B.polyml \\
+    .venv/bin/python scripts/ab_builds.py build/models/mobilenet_v2.onnx A.polyml B.polyml \\
         --threads 1 --clock cpu --repeat 60
 
 ``--steps [TEXT]``: instead, step by step (:meth:`CompiledModel.profile`, the op functions of
@@ -18,7 +18,7 @@ their sums: where a change lands inside a model, without the whole model's noise
 summary per op (convolutions per lowering mode) of the first build: milliseconds and
 GFLOP/s, the figures behind "Conv:pointwise at 41 GFLOP/s" in docs/PERFORMANCE.md::
 
-    .venv/bin/python scripts/ab_builds.py build/issue14/squeezenet.onnx A.polyml B.polyml --steps gemm --repeat 6
+    .venv/bin/python scripts/ab_builds.py build/models/squeezenet.onnx A.polyml B.polyml --steps gemm --repeat 6
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Acceptance table of issue 16: polyml against onnxruntime's int8 outputs on the quantized models.
+"""Acceptance table for int8: polyml against onnxruntime's int8 outputs on the quantized models.
 
 For each ``NAME_int8.onnx`` made by ``scripts/make_quantized.py`` (in ``--models``, default
 /work/models): compile with polyml, run on ``NAME_int8.inputs.npz``, and print per output the

@@ -8,7 +8,7 @@ compresses about 4x (latency does not depend on the values; the errors are still
 
     .venv/bin/python scripts/cross_bench.py prep --cpu rocketlake --caches 48K,2M,32M \\
         --models mobilenet_v2,efficientnet_b0,squeezenet,shufflenet --cuda squeezenet,shufflenet,bert_small \\
-        --torch-models build/issue14 --work build/cross          # ~13 min on 2 cores
+        --torch-models build/models --work build/cross          # ~13 min on 2 cores
     # there, from the repository root (numpy, onnx, onnxruntime; cuda-bindings for the GPU rows):
     python3 scripts/cross_bench.py run --payload build/cross/payload.tar.xz --out "$OUT"
 
@@ -70,7 +70,7 @@ def prep_model(name: str, models: Path, torch_models: Path) -> Path:
             m = onnx.load(str(torch_models / f"{name}.onnx"))
         else:
             raise SystemExit(f"{name}: not a light model and no {torch_models / name}.onnx "
-                             "(scripts/bench_issue14.py table exports torchvision models there)")
+                             "(scripts/bench_models.py table exports torchvision models there)")
         onnx.save(round_weights(m), str(path))
     return path
 
@@ -245,7 +245,7 @@ def main() -> None:
     p.add_argument("--models", default="mobilenet_v2,efficientnet_b0,squeezenet,shufflenet")
     p.add_argument("--cuda", default="squeezenet,shufflenet,bert_small,gpt2_small,mobilenet_v3_large_small,convnext_tiny_small",
                    help="models built with --target cuda too: light CNNs or tests/fixtures/onnx models ('' for none)")
-    p.add_argument("--torch-models", default="build/issue14", help="folder of torchvision ONNX exports")
+    p.add_argument("--torch-models", default="build/models", help="folder of torchvision ONNX exports")
     p.add_argument("--work", default="build/cross")
     r = sub.add_parser("run", help="run a payload (numpy, onnx, onnxruntime; no toolchain)")
     r.add_argument("--payload", default="build/cross/payload.tar.xz")

@@ -1,4 +1,4 @@
-"""Export PyTorch transformers and modern CNNs to ONNX with inputs and references (issue 12).
+"""Export PyTorch transformers and modern CNNs to ONNX with inputs and references.
 
 Needs PyTorch, torchvision, transformers, onnx, onnxscript and onnxruntime, which polyml itself
 does not: install them in a venv of their own, e.g.::

@@ -1,4 +1,4 @@
-"""Quantized ONNX models made with onnxruntime's own quantization tool (issue 16).
+"""Quantized ONNX models made with onnxruntime's own quantization tool.
 
 Static (QDQ) models: a float model is pre-processed (``quant_pre_process``: shape inference and
 onnxruntime's graph optimizations, which fold batch norms into convolutions), then quantized

@@ -8,8 +8,8 @@ onnxruntime made of it and its activation; onnxruntime nodes that nothing matche
 ``Mul`` it left unfused, its layout reorders) are listed at the end, as their time belongs to
 the comparison::
 
-    .venv/bin/python scripts/profile_vs_onnxruntime.py build/issue14/mobilenet_v2.t1.polyml \\
-        build/issue14/mobilenet_v2.onnx --threads 1 [--top 30]
+    .venv/bin/python scripts/profile_vs_onnxruntime.py build/models/mobilenet_v2.t1.polyml \\
+        build/models/mobilenet_v2.onnx --threads 1 [--top 30]
 """
 
 from __future__ import annotations

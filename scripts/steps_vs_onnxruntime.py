@@ -11,7 +11,7 @@ torch-exported models; in models whose node names are not paths (the ONNX zoo's 
 onnxruntime node goes to the polyml step at or before it in graph order (onnxruntime names a
 fused NCHWc node after its output tensor, ``r2_nchwc``); unpaired steps are listed too::
 
-    .venv/bin/python scripts/steps_vs_onnxruntime.py build/issue14/mobilenet_v2.onnx \\
+    .venv/bin/python scripts/steps_vs_onnxruntime.py build/models/mobilenet_v2.onnx \\
         build/mb.polyml --threads 1 --repeat 30 [--by-block]
 """
 

@@ -1,4 +1,4 @@
-"""The affine kernel suite at its small sizes through ``polyml opt``'s default pipeline (issue 15).
+"""The affine kernel suite at its small sizes through ``polyml opt``'s default pipeline.
 
 Every kernel of ``benchmarks/affine/`` is built as clang -O3 (the reference) and through polyml
 (clang's IR, ``polyml opt``, clang -O3); the polyml build's dumped arrays must equal the

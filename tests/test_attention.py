@@ -1,4 +1,4 @@
-"""Attention fusion (issue 12): each head's MatMul → (scale, mask) → Softmax → MatMul runs as one
+"""Attention fusion: each head's MatMul → (scale, mask) → Softmax → MatMul runs as one
 ``polyml.Attention`` nest, checked against onnxruntime and the unfused build; the isl legality
 check and the refusals are reported in the fusion report."""
 

@@ -1,4 +1,4 @@
-"""Operator fusion (issue 5): fused builds match onnxruntime as closely as unfused ones, the
+"""Operator fusion: fused builds match onnxruntime as closely as unfused ones, the
 fusion report names what was fused and what blocked the rest, Concat inputs are stored in
 place, elementwise chains run as pool prologues, conv nests tile for cache."""
 
@@ -185,7 +185,7 @@ def test_tile_sizes(tmp_path) -> None:
 @pytest.mark.slow
 @pytest.mark.parametrize("name", ["densenet121", "inception_v2"])
 def test_acceptance_light_models(name: str, tmp_path) -> None:
-    """Issue 5: fused output matches onnxruntime as closely as unfused, fewer loop nests,
+    """Fused output matches onnxruntime as closely as unfused, fewer loop nests,
     intermediate bytes down by at least 30%."""
     from polyml.testing import random_inputs, seeded_light_model
 

@@ -329,8 +329,8 @@ def test_conv_rows_fused_epilogue(tmp_path) -> None:
 def test_conv_choice_by_shape(monkeypatch) -> None:
     """``auto`` takes the GEMM from 32 output channels on, the direct nests for narrower
     convolutions, unstrided ones of at most 16 input channels and stems of up to 4 input
-    channels but 3x3 ones (scripts/bench_conv.py's measurements, re-measured in the sixth and
-    seventh sessions); 1x1 convolutions as the host's ISA says (next test: pinned to AVX-512
+    channels but 3x3 ones (scripts/bench_conv.py's measurements, re-measured after the
+    packed GEMM's changes); 1x1 convolutions as the host's ISA says (next test: pinned to AVX-512
     here)."""
     from polyml.codegen import gemm as packed
     from polyml.graph import TensorType
@@ -379,8 +379,8 @@ def test_pointwise_choice_by_isa(isa, monkeypatch) -> None:
     positions, on maps of fewer than 32 positions and for strided ones; AVX2
     takes the GEMM from 16 channels on maps of 16 positions or more, strided ones with their
     columns packed.  Other GEMM convolutions pack their im2col rows but stems, which read them
-    in place whatever their kernel size (``PACKED_IM2COL_ISAS``, ``STEM_GEMM_MAX_TAPS``: tenth
-    session's measurements on AVX2, fifteenth on AVX-512)."""
+    in place whatever their kernel size (``PACKED_IM2COL_ISAS``, ``STEM_GEMM_MAX_TAPS``: measured
+    per ISA, on AVX2 and on AVX-512)."""
     from polyml.kernels import conv
 
     monkeypatch.setattr(conv, "_isa", lambda: isa)

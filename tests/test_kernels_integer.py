@@ -41,7 +41,7 @@ def _host_has_vnni() -> bool:
 def integer_reference(model: onnx.ModelProto, feeds: dict[str, np.ndarray]) -> np.ndarray:
     """The op's exact result: onnxruntime's on hosts with VNNI, else onnx.reference's (integer
     arithmetic throughout).  Without VNNI onnxruntime multiplies u8 activations by s8 weights
-    with ``vpmaddubsw``, whose int16 pair sums saturate: on an AVX2 host (tenth session) its
+    with ``vpmaddubsw``, whose int16 pair sums saturate: on an AVX2 host its
     QGemm was up to 8 steps off the exact product on a 72-long reduction, polyml's exact."""
     if _host_has_vnni():
         return onnxruntime_run(model, feeds)["y"]

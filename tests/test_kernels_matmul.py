@@ -385,7 +385,7 @@ def test_reduction_blocks_of_equal_size() -> None:
 
 def test_row_panels_outside_by_tile_width() -> None:
     """``ir`` runs outside ``jr`` for reductions up to 32 steps with AVX2's 16-column tiles and up
-    to 512 with AVX-512's 32-column ones (fifteenth session: ResNet-50 0.95x)."""
+    to 512 with AVX-512's 32-column ones (measured: ResNet-50 0.95x)."""
     from polyml.codegen.gemm import GemmSpec, host_blocking, matrix_loader, rows_outer
 
     def spec(k: int) -> GemmSpec:

@@ -1,4 +1,4 @@
-"""``polyml opt`` failures a researcher can act on (issue 15, item 9).
+"""``polyml opt`` failures a researcher can act on.
 
 * The suite's in-place LU through ``--passes tile`` used to abort opt while importing: the
   harness's ``affine_finish`` has two va_arg SCoPs that the pipeline left unchanged but polyml

@@ -1,4 +1,4 @@
-"""Quantized tensors and ops (issue 16) against onnxruntime on random data.
+"""Quantized tensors and ops against onnxruntime on random data.
 
 Every comparison of quantized outputs is exact (int8/uint8 values equal onnxruntime's), except
 where a comment says why onnxruntime's kernel is allowed one step of difference.  Saturation

@@ -1,4 +1,4 @@
-"""The scheduler passes (issue 15 part B): isl's scheduler and the band tree it hands on, tiling
+"""The scheduler passes: isl's scheduler and the band tree it hands on, tiling
 on that tree with the cache model, wavefront, parallel, vectorize, skew, fuse/distribute, the
 default policy and ``--tune``.  Schedules are checked with isl (legality against the exact
 dependences, band flags); the end-to-end tests build small C kernels of the affine suite and

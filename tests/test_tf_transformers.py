@@ -1,4 +1,4 @@
-"""The TensorFlow frontend on transformers and today's CNNs (issue 12), without TensorFlow:
+"""The TensorFlow frontend on transformers and modern CNNs, without TensorFlow:
 Einsum, Erf/Erfc and the GELU subgraphs, run-time Cast, against numpy on GraphDefs built with the
 protobuf classes; and frozen Keras fixtures (a transformer block with ``MultiHeadAttention``,
 a reduced ConvNeXt and a reduced EfficientNetV2, made by ``scripts/freeze_keras.py``) through
@@ -593,7 +593,7 @@ def test_numpy_references_match_tensorflow(name: str) -> None:
     ("efficientnetv2_b0", ["--size", "224"]),
 ])
 def test_keras_models_match_tensorflow(model: str, args: list[str], tmp_path: Path) -> None:
-    """Acceptance (issue 12): the Keras transformer block (seq 64, dim 128, 4 heads, GELU 512),
+    """Acceptance: the Keras transformer block (seq 64, dim 128, 4 heads, GELU 512),
     ConvNeXtTiny and EfficientNetV2B0 frozen with random weights, built with --polly --fuse,
     match TensorFlow (max|Δ|/max|ref| ≤ 1e-3)."""
     pytest.importorskip("tensorflow")

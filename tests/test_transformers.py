@@ -1,4 +1,4 @@
-"""Models as PyTorch exports them (issue 12): small variants of Hugging Face BERT and GPT-2 and
+"""Models as PyTorch exports them: small variants of Hugging Face BERT and GPT-2 and
 torchvision ViT-B/16, ConvNeXt-Tiny and MobileNetV3-Large, exported by ``torch.onnx.export``
 (dynamo) with random weights by ``scripts/make_models.py --small`` and committed with their
 inputs and onnxruntime's outputs.  Each compiles with the default build (fusion on, attention

@@ -1,4 +1,4 @@
-"""Issue 14's measurements: CNN latency of polyml next to onnxruntime and OpenVINO, and the
+"""Model measurements: CNN latency of polyml next to onnxruntime and OpenVINO, and the
 per-layer comparisons behind the kernel choices.
 
 ``table``: every model at each thread count, polyml / onnxruntime / OpenVINO medians of
@@ -11,8 +11,8 @@ exported with ``--torch-python`` if missing), and the Keras MobileNetV2 frozen `
 (``scripts/freeze_keras.py mobilenet_v2 --size 224 -o build/tf``; onnxruntime runs the tf2onnx
 conversion next to it, ``build/tf/mobilenet_v2_224.onnx``, if present, OpenVINO the ``.pb``)::
 
-    .venv/bin/python scripts/bench_issue14.py table --threads 1,2 --repeat 20 \\
-        --work build/issue14 --torch-python /work/torchenv/bin/python --keras build/tf/mobilenet_v2_224.pb \\
+    .venv/bin/python scripts/bench_models.py table --threads 1,2 --repeat 20 \\
+        --work build/models --torch-python /work/torchenv/bin/python --keras build/tf/mobilenet_v2_224.pb \\
         [--models squeezenet,efficientnet_b0] [--peers onnxruntime,openvino] [--json out.json]
 
 ``layers``: single-node convolutions (with the activation of the model they come from) built
@@ -20,8 +20,8 @@ with the new kernel paths (``conv=auto``) and with the old nests (``conv=direct`
 onnxruntime, interleaved in one process; and the SiLU rewrite (:mod:`polyml.passes.silu`) on and
 off after the convolutions that carry it in EfficientNet-B0::
 
-    .venv/bin/python scripts/bench_issue14.py layers --threads 2 --repeat 30 [--winograd]
-    .venv/bin/python scripts/bench_issue14.py layers --threads 1 --clock cpu   # robust on a loaded host
+    .venv/bin/python scripts/bench_models.py layers --threads 2 --repeat 30 [--winograd]
+    .venv/bin/python scripts/bench_models.py layers --threads 1 --clock cpu   # robust on a loaded host
 """
 
 from __future__ import annotations
@@ -273,7 +273,7 @@ def main() -> None:
     table.add_argument("--threads", default="1,2", help="comma-separated thread counts")
     table.add_argument("--models", default="", help=f"comma-separated (default: {', '.join([*LIGHT_MODELS, *TORCHVISION])})")
     table.add_argument("--peers", default="onnxruntime,openvino")
-    table.add_argument("--work", default="build/issue14", help="where the model files and builds go")
+    table.add_argument("--work", default="build/models", help="where the model files and builds go")
     table.add_argument("--torch-python", default="/work/torchenv/bin/python", help="a Python with torch + torchvision")
     table.add_argument("--keras", default="", help="Keras MobileNetV2 .pb (scripts/freeze_keras.py)")
     table.add_argument("--repeat", type=int, default=20)
