@@ -13,7 +13,7 @@ from onnx import TensorProto, helper
 
 from polyml.codegen import gemm as packed
 from polyml.frontends.onnx import from_onnx
-from polyml.kernels import conv as conv_kernels
+from polyml.kernels import _window as conv_kernels
 from polyml.kernels import depthwise_product
 from polyml.passes.fuse import FuseOperators
 from polyml.testing import compile_and_compare

@@ -334,9 +334,9 @@ def test_conv_choice_by_shape(monkeypatch) -> None:
     here)."""
     from polyml.codegen import gemm as packed
     from polyml.graph import TensorType
-    from polyml.kernels import conv
+    from polyml.kernels import _window, conv
 
-    monkeypatch.setattr(conv, "_isa", lambda: "avx512")
+    monkeypatch.setattr(_window, "_isa", lambda: "avx512")
     assert _choice((1, 256, 28, 28), (128, 256, 1, 1), {}) == "gemm"
     assert _choice((1, 64, 56, 56), (256, 64, 1, 1), {}) == "gemm"
     assert _choice((1, 144, 56, 56), (24, 144, 1, 1), {}) == "gemm"
@@ -381,9 +381,9 @@ def test_pointwise_choice_by_isa(isa, monkeypatch) -> None:
     columns packed.  Other GEMM convolutions pack their im2col rows but stems, which read them
     in place whatever their kernel size (``PACKED_IM2COL_ISAS``, ``STEM_GEMM_MAX_TAPS``: measured
     per ISA, on AVX2 and on AVX-512)."""
-    from polyml.kernels import conv
+    from polyml.kernels import _window
 
-    monkeypatch.setattr(conv, "_isa", lambda: isa)
+    monkeypatch.setattr(_window, "_isa", lambda: isa)
     monkeypatch.delenv("POLYML_CONV_INPLACE", raising=False)
     gemm = "pointwise" if isa == "avx512" else "gemm"
     assert _choice((1, 64, 56, 56), (24, 64, 1, 1), {}) == "gemm"

@@ -142,7 +142,7 @@ def test_depthwise_rows_stored_from_registers(tmp_path) -> None:
 
     from polyml.codegen import gemm as packed
     from polyml.compiler import compile as polyml_compile
-    from polyml.kernels.conv import conv_window
+    from polyml.kernels._window import conv_window
     from polyml.kernels.depthwise import depthwise_plan
 
     node = Node("c", "Conv", ["x", "w"], ["y"], {"group": 8, "pads": [1, 1, 1, 1]})
@@ -190,7 +190,7 @@ def test_depthwise_interleaved_copy_choice() -> None:
     their input rows as the output rows need them on AVX-512; unstrided rows and small planes
     copy whole planes first."""
     from polyml.codegen import gemm as packed
-    from polyml.kernels.conv import conv_window
+    from polyml.kernels._window import conv_window
     from polyml.kernels.depthwise import GROUP_FLOATS, depthwise_plan
 
     def plan(size: int, stride: int):
@@ -220,7 +220,7 @@ def test_depthwise_row_bands(xs, ks, attrs, cpus, monkeypatch) -> None:
     the input rows its band reads, halos included); checked with 2 and 4 parts, uneven bands,
     unstrided (whole-band copy) and strided (interleaved copy) planes, fused chains."""
     from polyml.codegen import gemm as packed
-    from polyml.kernels.conv import conv_window
+    from polyml.kernels._window import conv_window
     from polyml.kernels.depthwise import depthwise_plan
 
     monkeypatch.setattr("os.cpu_count", lambda: cpus)
@@ -238,7 +238,7 @@ def test_depthwise_row_bands(xs, ks, attrs, cpus, monkeypatch) -> None:
 def test_depthwise_row_bands_choice(monkeypatch) -> None:
     """Bands of at least BAND_MIN_ROWS rows, batch 1, row-wise planes, AVX-512; else planes."""
     from polyml.codegen import gemm as packed
-    from polyml.kernels.conv import conv_window
+    from polyml.kernels._window import conv_window
     from polyml.kernels.depthwise import BAND_MIN_ROWS, depthwise_plan
 
     monkeypatch.setattr("os.cpu_count", lambda: 2)
@@ -281,7 +281,7 @@ def test_depthwise_plan_choice() -> None:
     assert mode((1, 32, 14, 14), (64, 1, 3, 3), group=32) != "depthwise"
     assert mode((1, 32, 40), (32, 1, 3), pads=[1, 1]) != "depthwise"
     node = Node("c", "Conv", ["x", "w"], ["y"], {"group": 8, "strides": [2, 2], "pads": [1, 1, 1, 1]})
-    from polyml.kernels.conv import conv_window
+    from polyml.kernels._window import conv_window
 
     x, w = TensorType((1, 8, 14, 14)), TensorType((8, 1, 3, 3))
     with packed.packed_gemm(True):

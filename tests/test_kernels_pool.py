@@ -184,7 +184,7 @@ def test_maxpool_rows_in_registers(tmp_path) -> None:
     """On AVX-512 a float32 3x3/2 max pool splits the rows' column maxima into even and odd
     columns by shuffles and stores the last block masked: no gathers (the row loops' stride-2
     pass read its stack row through them) and no stack row."""
-    from polyml.kernels.conv import _isa
+    from polyml.kernels._window import _isa
 
     feeds = typed_feed((1, 8, 27, 27), "float32")
     model = node_model("MaxPool", feeds, kernel_shape=[3, 3], strides=[2, 2])

@@ -120,10 +120,10 @@ def test_winograd_choice(isa, monkeypatch) -> None:
     one-thread builds; AVX2: F(4x4) from 13x13, F(2x2) on 7x7 and from 16 channels); strided,
     dilated, grouped, computed-weight and conv=gemm/direct builds keep the GEMM or nests."""
     from polyml.codegen import gemm as packed
-    from polyml.kernels import conv
+    from polyml.kernels import _window
     from polyml.kernels.conv import _plan
 
-    monkeypatch.setattr(conv, "_isa", lambda: isa)
+    monkeypatch.setattr(_window, "_isa", lambda: isa)
     monkeypatch.delenv("POLYML_WINOGRAD", raising=False)
     monkeypatch.setenv("POLYML_CONV_INPLACE", "1")  # the GEMM's fallback mode alike on every ISA
 

@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import hashlib
 import math
-import os
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from contextvars import ContextVar
@@ -37,6 +36,7 @@ from dataclasses import dataclass, replace
 import llvmlite.ir as ir
 import numpy as np
 
+from polyml import options
 from polyml.codegen.builder import (
     F32,
     I64,
@@ -198,7 +198,7 @@ class RegisterEpilogue:
 
 #: full register tiles apply a :class:`RegisterEpilogue` in registers (``POLYML_GEMM_REGISTER_EPILOGUE=0``:
 #: the epilogue pass on C, for A/B measurements)
-REGISTER_EPILOGUE = os.environ.get("POLYML_GEMM_REGISTER_EPILOGUE", "1") != "0"
+REGISTER_EPILOGUE = options.value("POLYML_GEMM_REGISTER_EPILOGUE")
 
 
 @dataclass
@@ -312,8 +312,8 @@ def block_nc(spec: GemmSpec, blk: Blocking) -> int:
 #: 0.87-0.91, 832->48 @6 0.82; but SqueezeNet's 16->64 @55 1.10-1.20 (K = 16: a 4 KiB block),
 #: hence the byte budget.  Whole models' GEMM steps in sum: MobileNetV2 0.98 (2 threads) and
 #: 1.01 (1), ShuffleNet 0.96 / 0.95, EfficientNet-B0 0.98 / 0.99, DenseNet-121 0.99 (1)
-THIN_A_ROWS = int(os.environ.get("POLYML_GEMM_THIN_ROWS", "64"))
-THIN_B_BLOCK_BYTES = int(os.environ.get("POLYML_GEMM_THIN_BYTES", str(32 << 10)))
+THIN_A_ROWS = options.value("POLYML_GEMM_THIN_ROWS")
+THIN_B_BLOCK_BYTES = options.value("POLYML_GEMM_THIN_BYTES")
 
 
 #: reductions up to this long run the register tiles row panel by row panel (``ir`` outside
@@ -330,7 +330,7 @@ ROWS_OUTER_MAX_K = 32
 #: alternated (minimum / median): ResNet-50 0.96 / 0.95 at 1 thread and 0.97 / 0.95 at 2,
 #: Inception-v2 0.99 / 0.97 and DenseNet-121 0.98 / 0.98 at 2, MobileNetV2 1.00 / 1.02 at 2
 #: (``POLYML_GEMM_ROWS_OUTER_K`` sets it, for A/B measurements)
-ROWS_OUTER_MAX_K_WIDE = int(os.environ.get("POLYML_GEMM_ROWS_OUTER_K", "512"))
+ROWS_OUTER_MAX_K_WIDE = options.value("POLYML_GEMM_ROWS_OUTER_K")
 
 
 def rows_outer(spec: GemmSpec, blk: Blocking) -> bool:
@@ -613,7 +613,7 @@ def narrow_kernels(module: ir.Module, blk: Blocking, attrs: Sequence[str], lda: 
 
 #: most tail columns :func:`column_kernel` takes (``POLYML_GEMM_COLUMNS=0``: none, the last
 #: panel's columns by :func:`narrow_kernels` alone, for A/B measurements)
-COLUMN_KERNEL_MAX = int(os.environ.get("POLYML_GEMM_COLUMNS", "12"))
+COLUMN_KERNEL_MAX = options.value("POLYML_GEMM_COLUMNS")
 
 
 def edge_columns(blk: Blocking, tail: int) -> tuple[int, int]:
@@ -1056,7 +1056,7 @@ def _store_in_place_tile(b: ir.IRBuilder, spec: GemmSpec, ops: Sequence[ir.Value
 
 #: :func:`in_place_tail` (``POLYML_INPLACE_TAIL=0``: off, rows on the natural pitch, for A/B
 #: measurements)
-IN_PLACE_TAIL = os.environ.get("POLYML_INPLACE_TAIL", "1") != "0"
+IN_PLACE_TAIL = options.value("POLYML_INPLACE_TAIL")
 #: output rows of at least this many register tiles take :func:`in_place_tail`'s aligned rows
 #: (narrower ones would pad a larger share of each row)
 IN_PLACE_TAIL_MIN_TILES = 2
@@ -1160,20 +1160,20 @@ def _tile_epilogue(b: ir.IRBuilder, spec: GemmSpec, ops: Sequence[ir.Value], las
 #: left L2 waited on every row.  Twelfth session, Zen 1, MobileNetV2 at 1 thread, per step,
 #: minimum of 20, 8 rows ahead / none: 96->24 @56 0.84, 144->24 @56 0.91, the rest within 3 %
 #: (4 and 16 rows ahead: within noise of 8)
-PACK_PREFETCH_ROWS = int(os.environ.get("POLYML_PACK_PREFETCH", "8"))
+PACK_PREFETCH_ROWS = options.value("POLYML_PACK_PREFETCH")
 
 
 #: micro-kernels prefetch their C tile before the reduction (``POLYML_C_PREFETCH=0`` to
 #: compare; fourteenth session, Zen 1: 2048³ MatMul 0.98-0.99x the time at 1 and 2 threads,
 #: MobileNetV2's 1x1 steps 0.99x in sum, 96→24 @56 0.89x, none slower)
-C_PREFETCH = os.environ.get("POLYML_C_PREFETCH", "1") != "0"
+C_PREFETCH = options.value("POLYML_C_PREFETCH")
 #: floats ahead of the current step at which micro-kernels reading a packed A panel prefetch
 #: it (``POLYML_A_PREFETCH``, 0: none): the next panels of a pre-packed A (the weights) come
 #: from memory, a stream the hardware prefetcher runs too late for the kernel's pace.
 #: Seventeenth session, ResNet-50 at 2 threads, whole model alternated: 192, 384, 768 floats
 #: 0.96, 0.95, 0.95 (512->2048 @7x7 steps 0.82, Winograd's products 0.82-0.95); 512->2048
 #: @7x7 alone after a cache flush 0.90-0.92
-A_PREFETCH = int(os.environ.get("POLYML_A_PREFETCH", "384"))
+A_PREFETCH = options.value("POLYML_A_PREFETCH")
 
 
 def _prefetch(b: ir.IRBuilder, ptr: ir.Value, write: bool = False) -> None:
@@ -1308,7 +1308,7 @@ def blocking_for_host() -> Blocking:
     l2 = caches.get(2, (1 << 20, 16))[0]
     l3 = caches.get(3, (32 << 20, 16))[0]
     blk = host_blocking(host_target().features, l1, l2, l3)
-    override = os.environ.get("POLYML_GEMM_BLOCKING", "")
+    override = options.raw("POLYML_GEMM_BLOCKING")
     # experiments: "mr=12,nr=32,mc=480,kc=192,nc=1344" (any subset; kc_wide, nc_wide, width=8, fma=0 too)
     if override:
         try:

@@ -47,6 +47,7 @@ from dataclasses import dataclass, replace
 import llvmlite.ir as ir
 import numpy as np
 
+from polyml import options
 from polyml.codegen.builder import I32, I64, Buffer, KernelBuilder, splat
 from polyml.codegen.gemm import _c, _function, _min, _round_up, add_edge_tile, for_range, tile_loop
 from polyml.codegen.gemm import kc_for as float_kc_for
@@ -160,7 +161,7 @@ def blocking_for_host(m: int | None = None) -> IBlocking:
     l2 = caches.get(2, (1 << 20, 16))[0]
     features = host_target().features
     blk = host_iblocking(features, l1, l2)
-    override = os.environ.get("POLYML_IGEMM", "").strip()
+    override = options.raw("POLYML_IGEMM").strip()
     if not override:
         return _rows_tile(blk, m)
     kind, *rest = [s.strip() for s in override.split(",")]

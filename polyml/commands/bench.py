@@ -20,7 +20,7 @@ import numpy as np
 from rich.table import Table
 
 from polyml import benchmark
-from polyml.cli import _add_build_options, _compile, command, console, out
+from polyml.commands._common import _add_build_options, _compile, _load_npz, command, console, out
 from polyml.errors import PolymlError
 from polyml.runtime.model import CompiledModel
 
@@ -164,8 +164,6 @@ def cmd_bench(args: argparse.Namespace) -> int:
     try:
         feeds = random_feeds(compiled)
         if args.inputs:
-            from polyml.cli import _load_npz
-
             feeds = _load_npz(args.inputs)
         flops = 0.0
         if model_path.is_file():

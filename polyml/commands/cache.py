@@ -10,7 +10,7 @@ import time
 from rich.markup import escape
 from rich.table import Table
 
-from polyml.cli import command, console, out
+from polyml.commands._common import command, console, out
 
 
 def _arguments(p: argparse.ArgumentParser) -> None:

@@ -24,7 +24,7 @@ from pathlib import Path
 from rich.markup import escape
 from rich.table import Table
 
-from polyml.cli import command, out
+from polyml.commands._common import command, out
 
 REQUIRED = ("opt", "llc", "clang", "polly", "openmp", "llvmlite", "islpy", "cpu")
 

@@ -18,7 +18,7 @@ from pathlib import Path
 
 from rich.markup import escape
 
-from polyml.cli import command, console, out, parse_shape
+from polyml.commands._common import command, console, out, parse_shape
 
 
 def _read(args: argparse.Namespace):  # noqa: ANN202 - polyml.graph.Graph

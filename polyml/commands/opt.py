@@ -8,7 +8,7 @@ from pathlib import Path
 
 from rich.markup import escape
 
-from polyml.cli import command, console
+from polyml.commands._common import command, console
 from polyml.errors import PolymlError
 
 

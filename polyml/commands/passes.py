@@ -10,7 +10,7 @@ import sys
 from rich.markup import escape
 from rich.table import Table
 
-from polyml.cli import command, out
+from polyml.commands._common import command, out
 
 
 def _arguments(p: argparse.ArgumentParser) -> None:

@@ -14,7 +14,7 @@ import tempfile
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from polyml.cli import command, out, parse_shape
+from polyml.commands._common import command, console, out, parse_shape
 
 
 def _arguments(p: argparse.ArgumentParser) -> None:
@@ -97,7 +97,6 @@ def cmd_scops(args: argparse.Namespace) -> int:
             J.dump(J.padded(jscop), Path(args.write_jscop) / s.file_name)
     report = printer.report_json(entries, rejected, src.op_of)
     if spec is not None:
-        from polyml.cli import console
         from polyml.errors import PolymlError
 
         if spec.dims and not pictures:

@@ -32,24 +32,36 @@ from __future__ import annotations
 import itertools
 import math
 import os
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import llvmlite.ir as ir
 import numpy as np
 
 from polyml.codegen import gemm as packed
-from polyml.codegen.builder import Buffer, KernelBuilder, constant, pointer_type
+from polyml.codegen.builder import Buffer, KernelBuilder, pointer_type
 from polyml.codegen.gemm_rows import RowsSpec
-from polyml.driver.toolchain import host_target
-from polyml.errors import GraphError, ShapeError
+from polyml.errors import ShapeError
 from polyml.graph import Node, TensorType
-from polyml.kernels import Kernel, Operand, register
-from polyml.kernels._scalar import PARALLEL_MIN_ELEMENTS
+from polyml.kernels import Kernel, Operand, _window, register
+from polyml.kernels._window import (
+    VECTOR_LANES,
+    Window,
+    _isa,
+    affine,
+    auto_pad_of,
+    conv_window,
+    copy_parallel,
+    make_window,
+    nest,
+    padded_source,
+    register_epilogue,
+    view,
+)
+from polyml.kernels.depthwise import convolve_depthwise, depthwise_plan
 from polyml.kernels.fused import epilogue, evaluate_chain
+from polyml.kernels.winograd import convolve_winograd, transform_weights, winograd_plan
 
-AUTO_PADS = ("NOTSET", "SAME_UPPER", "SAME_LOWER", "VALID")
 #: fused multiply-add allowed, but no reassociation: the loop vectorizer must not turn the
 #: reduction loops into vector reductions (SLP vectorizes across output columns instead).
 CONTRACT = ("contract",)
@@ -58,215 +70,13 @@ CONTRACT = ("contract",)
 #: convolutions, keeping channels*columns accumulators).  AVX-512: 8 x 32 floats are 16 zmm
 #: accumulators of 32 registers; AVX2: 4 x 16 are 8 of 16 ymm; otherwise 4 x 8 (SSE / NEON).
 BLOCKS = {"avx512": (8, 32), "avx": (4, 16), "other": (4, 8)}
-VECTOR_LANES = {"avx512": 16, "avx": 8, "other": 4}
 MAX_BLOCK_W = 128
 #: the widest vectors SLP may use in Conv's function: 512-bit halves the FMA count where the
 #: CPU has AVX-512 (LLVM's tuning prefers 256 there by default) and changes nothing elsewhere
 PREFER_VECTOR_WIDTH = "512"
 
 
-def _isa() -> str:
-    features = host_target().features.split(",")
-    return "avx512" if "+avx512f" in features else "avx" if "+avx" in features else "other"
-
-
-Term = tuple[int, "ir.Value | int"]
-
-
-# -- window geometry (shared with pool.py) ------------------------------------------------------
-
-@dataclass(frozen=True)
-class Window:
-    """A sliding window over the spatial dims: output ``o`` reads padded positions ``o*s + j*d``.
-
-    Padded position ``p`` is input position ``p - pads_begin``; the padded extent is
-    ``[-pads_begin, size + pads_end)`` in input coordinates.  ``required`` is how far the last
-    window reaches in padded coordinates (it exceeds the padded extent in ceil mode).
-    """
-
-    size: tuple[int, ...]
-    kernel: tuple[int, ...]
-    strides: tuple[int, ...]
-    dilations: tuple[int, ...]
-    pads_begin: tuple[int, ...]
-    pads_end: tuple[int, ...]
-    out: tuple[int, ...]
-
-    @property
-    def rank(self) -> int:
-        return len(self.size)
-
-    @property
-    def extent(self) -> tuple[int, ...]:
-        return tuple((k - 1) * d + 1 for k, d in zip(self.kernel, self.dilations))
-
-    @property
-    def required(self) -> tuple[int, ...]:
-        return tuple((o - 1) * s + e for o, s, e in zip(self.out, self.strides, self.extent))
-
-    def needs_copy(self) -> bool:
-        """Whether some window reads outside the input (so a padded copy is needed)."""
-        return any(pb > 0 or r - pb > n for pb, r, n in zip(self.pads_begin, self.required, self.size))
-
-    @property
-    def pointwise(self) -> bool:
-        """A 1x1 unstrided window inside the input: output position p reads input position p."""
-        return all(k == 1 for k in self.kernel) and all(s == 1 for s in self.strides) and not self.needs_copy()
-
-    def padded_shape(self, lead: tuple[int, ...]) -> tuple[int, ...]:
-        return (*lead, *self.required)
-
-
-def _ints(node: Node, name: str, n: int, default: int) -> tuple[int, ...]:
-    v = node.attrs.get(name)
-    if v is None or (isinstance(v, (list, tuple)) and len(v) == 0):
-        return (default,) * n
-    v = [int(x) for x in v]
-    if len(v) != n:
-        raise GraphError(f"{node.op_type} node {node.label!r}: {name}={v} needs {n} values")
-    return tuple(v)
-
-
-def auto_pad_of(node: Node) -> str:
-    mode = node.attrs.get("auto_pad", "NOTSET") or "NOTSET"
-    if mode not in AUTO_PADS:
-        raise GraphError(f"{node.op_type} node {node.label!r}: unknown auto_pad {mode!r}")
-    return mode
-
-
-def make_window(node: Node, size: tuple[int, ...], kernel: tuple[int, ...], *, ceil_mode: bool = False,
-                same_uses_dilation: bool = True) -> Window:
-    """The geometry of a Conv or pooling node with onnxruntime's conventions.
-
-    ``auto_pad`` SAME_*: the output is ``ceil(size / stride)`` and the total padding
-    ``(out - 1)*stride + span - size`` (``span`` the dilated kernel for Conv, the plain kernel for
-    pools, as onnxruntime does), split with the odd element at the end (UPPER) or begin (LOWER).
-    ``ceil_mode`` rounds the output size up, dropping a last window that would start in the
-    end padding.
-    """
-    r = len(size)
-    strides = _ints(node, "strides", r, 1)
-    dilations = _ints(node, "dilations", r, 1)
-    pads = _ints(node, "pads", 2 * r, 0)
-    mode = auto_pad_of(node)
-    if any(s < 1 for s in strides) or any(d < 1 for d in dilations) or any(k < 1 for k in kernel):
-        raise GraphError(f"{node.op_type} node {node.label!r}: strides, dilations and kernel must be positive")
-    ext = [(k - 1) * d + 1 for k, d in zip(kernel, dilations)]
-    if mode in ("SAME_UPPER", "SAME_LOWER"):
-        pb, pe = [], []
-        for n, s, k, e in zip(size, strides, kernel, ext):
-            target = -(-n // s)
-            total = max(0, (target - 1) * s + (e if same_uses_dilation else k) - n)
-            head = total // 2 if mode == "SAME_UPPER" else total - total // 2
-            pb.append(head)
-            pe.append(total - head)
-    elif mode == "VALID":
-        pb, pe = [0] * r, [0] * r
-    else:
-        pb, pe = list(pads[:r]), list(pads[r:])
-    out = []
-    for i in range(r):
-        span = size[i] + pb[i] + pe[i] - ext[i]
-        o = (-(-span // strides[i]) if ceil_mode else span // strides[i]) + 1
-        if ceil_mode and (o - 1) * strides[i] >= size[i] + pb[i]:
-            o -= 1
-        if o < 1:
-            raise ShapeError(
-                f"{node.op_type} node {node.label!r}: window {kernel} (dilations {list(dilations)}) does not fit "
-                f"input {list(size)} with pads {pb + pe}"
-            )
-        out.append(o)
-    return Window(tuple(size), tuple(kernel), strides, dilations, tuple(pb), tuple(pe), tuple(out))
-
-
-# -- IR helpers ------------------------------------------------------------------------------
-
-def affine(k: KernelBuilder, terms: list[Term], const: int = 0) -> ir.Value:
-    """``sum(c * v) + const`` as nsw i64 arithmetic (``v`` an IR value or a Python int)."""
-    acc: ir.Value | None = None
-    for c, v in terms:
-        if isinstance(v, int):
-            const += c * v
-            continue
-        if c == 0:
-            continue
-        t = v if c == 1 else k.b.mul(v, k.i64(c), flags=["nsw"])
-        acc = t if acc is None else k.b.add(acc, t, flags=["nsw"])
-    if acc is None:
-        return k.i64(const)
-    return k.b.add(acc, k.i64(const), flags=["nsw"]) if const else acc
-
-
-@contextmanager
-def nest(k: KernelBuilder, extents: Sequence[int | tuple[int, int]], names: Sequence[str],
-         parallel: int = 0) -> Iterator[list[ir.Value | int]]:
-    """``k.loops`` without the loops of a single iteration: their counter is the Python int.
-
-    LLVM's canonicalization turns a one-trip loop into a boolean phi whose trip count SCEV cannot
-    compute, which makes Polly reject the whole nest; an int index folds into the subscript.
-    """
-    spans = [(0, e) if isinstance(e, int) else tuple(e) for e in extents]
-    kept = [i for i, (lo, hi) in enumerate(spans) if hi - lo != 1]
-    with k.loops([spans[i] for i in kept], names=[names[i] for i in kept], parallel=sum(1 for i in kept if i < parallel)) as ivs:
-        out: list[ir.Value | int] = [lo for lo, _ in spans]
-        for i, iv in zip(kept, ivs):
-            out[i] = iv
-        yield out
-
-
-def copy_parallel(extents: Sequence[int | tuple[int, int]]) -> int:
-    """How many leading (batch, channel) dims of an elementwise copy/fill nest over
-    ``extents`` run in parallel: both when the nest has enough elements to pay for a parallel
-    region (:data:`polyml.kernels._scalar.PARALLEL_MIN_ELEMENTS`), else none."""
-    size = math.prod((e if isinstance(e, int) else e[1] - e[0]) for e in extents)
-    return 2 if size >= PARALLEL_MIN_ELEMENTS else 0
-
-
-def view(k: KernelBuilder, buf: Buffer, shape: tuple[int, ...], name: str) -> Buffer:
-    """The same memory seen with another shape of equal size (row-major order is unchanged)."""
-    tt = TensorType(tuple(shape), buf.type.dtype)
-    assert tt.size == buf.type.size, (shape, buf.shape)
-    return Buffer(k, k.b.bitcast(buf.ptr, pointer_type(tt)), tt, name)
-
-
-def padded_source(k: KernelBuilder, x: Buffer, win: Window, temp: Buffer | None, fill: float) -> tuple[Buffer, list[int]]:
-    """The buffer to read windows from and the shift to add to padded positions.
-
-    With ``temp`` (shape ``win.padded_shape``): ``temp = fill`` on the border slabs of each
-    spatial dim, then ``temp[n, c, p + pb] = x[n, c, p]`` over the input positions that land
-    inside it; reads are
-    ``temp[n, c, o*s + j*d]``.  Without it (no read leaves the input) reads are
-    ``x[n, c, o*s + j*d - pb]``.
-    """
-    if temp is None:
-        return x, [-pb for pb in win.pads_begin]
-    lead = list(x.shape[:2])
-    # the fill only covers the border: per spatial dim, the slabs before and after the copy
-    for d, (pb, n, r) in enumerate(zip(win.pads_begin, win.size, win.required)):
-        for slab in ((0, min(pb, r)), (min(pb + n, r), r)):
-            if slab[1] > slab[0]:
-                extents = [*lead, *win.required[:d], slab, *win.required[d + 1 :]]
-                with nest(k, extents, names=[f"z{i}" for i in range(temp.rank)], parallel=copy_parallel(extents)) as ix:
-                    temp.store(ix, constant(temp.type.dtype, fill))
-    ranges = [(max(0, -pb), min(n, r - pb)) for pb, n, r in zip(win.pads_begin, win.size, win.required)]
-    with nest(k, [*lead, *ranges], names=["pn", "pc", *[f"p{d}" for d in range(win.rank)]],
-              parallel=copy_parallel([*lead, *ranges])) as ix:
-        dst = [*ix[:2], *[affine(k, [(1, i)], pb) for i, pb in zip(ix[2:], win.pads_begin)]]
-        temp.store(dst, x.load(ix))
-    return temp, [0] * win.rank
-
-
 # -- Conv --------------------------------------------------------------------------------------
-
-def conv_window(node: Node, x: TensorType, w: TensorType) -> Window:
-    if len(x.shape) < 3 or len(w.shape) != len(x.shape):
-        raise ShapeError(f"Conv node {node.label!r}: input {x.shape} and weight {w.shape} must both be N-C-spatial")
-    kernel = tuple(w.shape[2:])
-    ks = node.attrs.get("kernel_shape")
-    if ks and tuple(int(v) for v in ks) != kernel:
-        raise ShapeError(f"Conv node {node.label!r}: kernel_shape {list(ks)} but the weight is {w.shape}")
-    return make_window(node, tuple(x.shape[2:]), kernel)
-
 
 #: ISAs on which GEMM convolutions pack their im2col columns, only stems (:data:`STEM_MAX_CHANNELS`
 #: input channels) reading them in place: on AVX2 the 6x16 micro-kernel's B rows read through
@@ -295,7 +105,7 @@ def reads_in_place(win: Window, kk: int) -> bool:
     forced = os.environ.get("POLYML_CONV_INPLACE", "auto")
     if forced in ("0", "1"):
         return forced == "1"
-    return _isa() not in PACKED_IM2COL_ISAS or kk // math.prod(win.kernel) <= STEM_MAX_CHANNELS
+    return _window._isa() not in PACKED_IM2COL_ISAS or kk // math.prod(win.kernel) <= STEM_MAX_CHANNELS
 
 
 #: :meth:`PhasePlanes.fill` runs parallel over the planes' rows below this many channels, else
@@ -476,13 +286,9 @@ class _Plan:
 def _plan(node: Node, x: TensorType, w: TensorType, constant_w: bool = False) -> _Plan:
     win = conv_window(node, x, w)
     lead = x.shape[:2]
-    from polyml.kernels.depthwise import depthwise_plan
-
     dw = depthwise_plan(node, x, w, win)
     if dw is not None:  # per plane on a phase-split copy (kernels/depthwise.py)
         return _Plan("depthwise", win, dw.scratch)
-    from polyml.kernels.winograd import winograd_plan
-
     wg = winograd_plan(node, x, w, win) if constant_w else None
     if wg is not None:  # 3x3/1 with weights transformed at compile time (kernels/winograd.py)
         return _Plan("winograd", win, wg.scratch)
@@ -506,7 +312,7 @@ def _plan(node: Node, x: TensorType, w: TensorType, constant_w: bool = False) ->
         s = win.strides[-1]
         return _Plan("phase", win, TensorType((*lead, *win.required[:-1], s, -(-win.required[-1] // s))))
     src = TensorType(win.padded_shape(lead)) if win.needs_copy() else None
-    bm, bw = BLOCKS[_isa()]
+    bm, bw = BLOCKS[_window._isa()]
     mg = w.shape[0] // int(node.attrs.get("group", 1))
     if win.rank >= 2 and win.strides[-2] == 1 and mg >= bm:
         plan = _Plan("flat", win, src)
@@ -744,7 +550,7 @@ def prefer_gemm(win: Window, m: int, kk: int) -> bool:
     so are unstrided ones of :data:`THIN_MAX_CHANNELS` (on AVX-512 below
     :data:`THIN_GEMM_MIN_CHANNELS` output channels).
     """
-    rule = POINTWISE_GEMM[_isa()]
+    rule = POINTWISE_GEMM[_window._isa()]
     if win.pointwise:
         from polyml.codegen.gemm import threaded
 
@@ -763,10 +569,10 @@ def prefer_gemm(win: Window, m: int, kk: int) -> bool:
         return least is not None and m >= rule.min_channels and math.prod(win.out) >= least
     channels = kk // math.prod(win.kernel)
     if channels <= STEM_MAX_CHANNELS:
-        most = STEM_GEMM_MAX_TAPS[_isa()]
+        most = STEM_GEMM_MAX_TAPS[_window._isa()]
         return reads_in_place(win, kk) and (most is None or math.prod(win.kernel) <= most)
     if channels <= THIN_MAX_CHANNELS and all(s == 1 for s in win.strides):
-        wide = THIN_GEMM_MIN_CHANNELS[_isa()]
+        wide = THIN_GEMM_MIN_CHANNELS[_window._isa()]
         return wide is not None and m >= wide
     return m >= GEMM_MIN_CHANNELS
 
@@ -774,7 +580,7 @@ def prefer_gemm(win: Window, m: int, kk: int) -> bool:
 def _vector_ops(n: int, block: int) -> int:
     """Vector instructions per channel for ``n`` columns in blocks of ``block`` (SLP splits a
     block into power-of-two vectors of at most the ISA's width): a cost model for ``flat``."""
-    lanes = VECTOR_LANES[_isa()]
+    lanes = VECTOR_LANES[_window._isa()]
     ops = 0
     for _, count, width in _blocks(n, block):
         v, rest = 0, width
@@ -887,8 +693,6 @@ class Conv(Kernel):
         w = np.asarray(ins[1].value, np.float32)
         plan = _plan(node, ins[0].type, ins[1].type, True)
         if plan.mode == "winograd":
-            from polyml.kernels.winograd import transform_weights, winograd_plan
-
             return [transform_weights(w, winograd_plan(node, ins[0].type, ins[1].type, plan.win))]
         if plan.mode == "rows":
             from polyml.codegen.gemm_rows import prepack_weights
@@ -928,12 +732,8 @@ class Conv(Kernel):
         if plan.mode == "rows":
             return _convolve_gemm(k, plan, None, next(temps) if plan.planes is not None else None)
         if plan.mode == "depthwise":
-            from polyml.kernels.depthwise import convolve_depthwise, depthwise_plan
-
             return convolve_depthwise(k, depthwise_plan(k.node, x.type, k.in_types[1], win), src_temp)
         if plan.mode == "winograd":
-            from polyml.kernels.winograd import convolve_winograd, winograd_plan
-
             return convolve_winograd(k, winograd_plan(k.node, x.type, k.in_types[1], win), src_temp)
         # Every buffer is accessed through one array shape only: Polly gives an array a single
         # shape, and accesses through two (a 4-D store, a flattened load) make its
@@ -1107,26 +907,6 @@ def _convolve_gemm(k: KernelBuilder, plan: _Plan, scratch: Buffer, planes: Buffe
     return fused
 
 
-def register_epilogue(bias_at: int | None, chain: list[Node] | None, extras: list) -> packed.RegisterEpilogue | None:
-    """The GEMM epilogue in the form its micro-kernels apply in registers: a bias and a chain
-    (possibly empty) of ReLUs and Clips with constant bounds, each reading the one before, with
-    no inputs of its own (None otherwise: the epilogue pass)."""
-    if extras or (bias_at is None and not chain):
-        return None
-    steps = []
-    for prev, n in zip([None, *(chain or [])], chain or []):
-        if prev is not None and n.inputs[:1] != prev.outputs[:1]:
-            return None
-        if n.op_type == "Relu":
-            steps.append(("relu", None, None))
-        elif n.op_type == "Clip" and not any(n.inputs[1:]):
-            lo, hi = n.attrs.get("min"), n.attrs.get("max")
-            steps.append(("clip", None if lo is None else float(lo), None if hi is None else float(hi)))
-        else:
-            return None
-    return packed.RegisterEpilogue(-1 if bias_at is None else bias_at, tuple(steps))
-
-
 def _scaled_loader(load: Callable, scale_at: int) -> Callable:
     """``load`` (a B loader of the packed GEMM) times ``ops[scale_at][row]``; keeps the
     loader's ``address`` (the packing's prefetches)."""
@@ -1244,7 +1024,7 @@ def _accumulate(k: KernelBuilder, src: Buffer, w: Buffer, y: Buffer, group: int,
     cg = w.shape[1]
     mg = m_all // group
     no, nj = len(out_outer), len(kern_outer)
-    bm, bw = BLOCKS[_isa()]
+    bm, bw = BLOCKS[_window._isa()]
     mb = min(bm, mg)
     vw = min(max(bw, bm * bw // mb), MAX_BLOCK_W)
     rtile = _row_tile(k, src, cg, out_outer, kern_outer, rows)
@@ -1290,4 +1070,6 @@ def _accumulate(k: KernelBuilder, src: Buffer, w: Buffer, y: Buffer, group: int,
                         for yi in block:
                             finish(yi)
 
-__all__ = ["Conv", "Window", "affine", "auto_pad_of", "make_window", "padded_source", "view"]
+# the geometry of polyml.kernels._window, as the pooling and other window kernels import it from here
+__all__ = ["Conv", "VECTOR_LANES", "Window", "_isa", "affine", "auto_pad_of", "conv_window", "copy_parallel", "make_window",
+           "nest", "padded_source", "register_epilogue", "view"]

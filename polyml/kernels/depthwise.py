@@ -32,7 +32,7 @@ statement instance of one tap read a unit-stride run, and the flattening of ``(o
 
 Chosen for every depthwise convolution of a host build with the packed GEMM on, unless
 ``--conv direct`` (then the register-blocked nests of :mod:`polyml.kernels.conv` run, the
-comparison point of ``scripts/bench_issue14.py layers``).
+comparison point of ``scripts/bench_models.py layers``).
 """
 
 from __future__ import annotations
@@ -56,7 +56,7 @@ from polyml.codegen.builder import (
     vector_fma,
 )
 from polyml.graph import Node, TensorType
-from polyml.kernels.conv import VECTOR_LANES, Window, _isa, register_epilogue
+from polyml.kernels._window import VECTOR_LANES, Window, _isa, register_epilogue
 from polyml.kernels.fused import evaluate_chain
 
 #: planes·taps·outputs below which the convolution runs on one thread (the fork/join of a

@@ -40,12 +40,12 @@ are ReLU/constant-Clip chains (``POLYML_DW_PRODUCT=0``: never, for A/B measureme
 from __future__ import annotations
 
 import math
-import os
 from collections.abc import Callable
 from dataclasses import dataclass
 
 import llvmlite.ir as ir
 
+from polyml import options
 from polyml.codegen import gemm as packed
 from polyml.codegen.builder import (
     F32,
@@ -60,7 +60,7 @@ from polyml.codegen.builder import (
 )
 from polyml.graph import Node, TensorType
 from polyml.kernels import Kernel, Operand, register
-from polyml.kernels.conv import conv_window, register_epilogue
+from polyml.kernels._window import conv_window, register_epilogue
 from polyml.kernels.depthwise import (
     UNALIGNED_MAX_LANES,
     VECTOR_ROW_MAX_STRIDE,
@@ -74,7 +74,7 @@ from polyml.kernels.depthwise import (
 
 DEPTHWISE_PRODUCT_OP = "polyml.DepthwiseProduct"
 #: ``POLYML_DW_PRODUCT=0``: the pass makes no DepthwiseProduct (for A/B measurements)
-ENABLED = os.environ.get("POLYML_DW_PRODUCT", "1") != "0"
+ENABLED = options.value("POLYML_DW_PRODUCT")
 #: most expansion input channels (the reduction is a loop over them per row and block)
 MAX_K = 64
 #: smallest expanded tensor fused: smaller ones stay in L2 between the two unfused steps, where

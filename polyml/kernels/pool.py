@@ -50,12 +50,12 @@ padded copies) are dismissed as SCoPs, so ``polly``/``tile``/``off`` measured th
 from __future__ import annotations
 
 import math
-import os
 from collections.abc import Callable
 
 import llvmlite.ir as ir
 import numpy as np
 
+from polyml import options
 from polyml.codegen.builder import (
     REASSOC,
     Buffer,
@@ -92,7 +92,7 @@ ROWS_MAX_UNPADDED_WIDTH = 15
 #: threads, minimum of 20: 27x27 -> 13x13 0.50 against the row loops, 111 -> 55 and 55 -> 27
 #: 0.78 against the unrolled nest; ResNet-50's padded 112 -> 56 alone 0.96-1.03).
 #: ``POLYML_POOL_ROW_VECTORS=0``: off, for A/B measurements
-ROW_VECTORS = os.environ.get("POLYML_POOL_ROW_VECTORS", "1") != "0"
+ROW_VECTORS = options.value("POLYML_POOL_ROW_VECTORS")
 
 NEG_INF = float("-inf")
 

@@ -29,13 +29,13 @@ constant offset from the output position on the plane pitch):
 from __future__ import annotations
 
 import math
-import os
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
 
 import llvmlite.ir as ir
 import numpy as np
 
+from polyml import options
 from polyml.codegen import gemm as packed
 from polyml.codegen import igemm
 from polyml.codegen.builder import F32, I32, Buffer, KernelBuilder, like, pointer_type, splat
@@ -479,7 +479,7 @@ class _IntegerConv(IntegerKernel):
         """Whether the input can be read from a channel-interleaved flat copy
         (:meth:`_Flat.fill_grouped`): ``vnni`` (one byte per element) and whole groups of 4
         channels per conv group.  ``POLYML_IGEMM_INPLACE=0`` packs as before (measurements)."""
-        if os.environ.get("POLYML_IGEMM_INPLACE", "1") == "0":
+        if not options.value("POLYML_IGEMM_INPLACE"):
             return False
         _, mg, _, _, group = self._gemm_dims(node, ins)
         blk = igemm.blocking_for_host(mg)
@@ -512,7 +512,7 @@ class _IntegerConv(IntegerKernel):
         mg = ins[self.W].type.shape[0] // group
         p_out = math.prod(win.out)
         kk = math.prod(ins[self.W].type.shape[1:])
-        force = os.environ.get("POLYML_IGEMM_ROWS", "")
+        force = options.raw("POLYML_IGEMM_ROWS")
         if force == "0" or mg % 32 or (force != "1" and (p_out > ROWS_MAX_POSITIONS or kk < ROWS_MIN_REDUCTION)):
             return None
         blk = igemm.blocking_for_host(mg)

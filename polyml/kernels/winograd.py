@@ -26,7 +26,7 @@ Multiply-adds per output: ``C·9`` directly, ``C·α²/m²`` in the products (4 
 F(4×4)), plus transforms linear in ``C·T`` and ``K·T``.  F(4×4)'s transforms have larger
 coefficients, so its rounding error is larger; tests/test_kernels_winograd.py bounds both against
 the direct convolution per layer shape.  Which tile size runs where is :func:`choose_tile`'s rule,
-measured per layer shape (``scripts/bench_issue14.py layers``); ``POLYML_WINOGRAD=0|2|4`` forces it
+measured per layer shape (``scripts/bench_models.py layers``); ``POLYML_WINOGRAD=0|2|4`` forces it
 for experiments.
 """
 
@@ -43,8 +43,8 @@ from polyml.codegen import gemm as packed
 from polyml.codegen.builder import F32, Buffer, KernelBuilder, load_lanes, pointer_type, skip_polly, splat, store_lanes
 from polyml.errors import PolymlError
 from polyml.graph import Node, TensorType
-from polyml.kernels import conv as conv_kernel
-from polyml.kernels.conv import Window, affine, nest, padded_source
+from polyml.kernels import _window
+from polyml.kernels._window import Window, affine, nest, padded_source
 from polyml.kernels.fused import evaluate_chain
 
 F = Fraction
@@ -147,7 +147,7 @@ class WinogradRule:
     serial_f2_map: int = 0
 
 
-#: AVX-512 (per-layer tables in docs/PERFORMANCE.md, issue 14; 2 threads, loaded host, Winograd
+#: AVX-512 (per-layer tables in docs/PERFORMANCE.md; 2 threads, loaded host, Winograd
 #: / packed GEMM): maps of 24 and more with 32+ channels gain most from F(4×4) (0.17-0.67:
 #: 128->128 @28 0.17, 256->256 @56 0.39, 32->128 @27 0.49, 64->64 @56 0.67), 14×14 maps with 96+
 #: channels from F(2×2) (0.24-0.75; F(4×4)'s 16 tiles fill half a register tile of columns),
@@ -178,7 +178,7 @@ def choose_tile(c: int, k: int, out: tuple[int, int]) -> int:
     forced = _forced()
     if forced is not None:
         return forced
-    rule = WINOGRAD_RULES[conv_kernel._isa()]  # through the module: one seam pins the ISA (tests)
+    rule = WINOGRAD_RULES[_window._isa()]  # through the module: one seam pins the ISA (tests)
     f2_map = rule.f2_map if packed.threaded() else (rule.serial_f2_map or rule.f2_map)
     if min(c, k) >= rule.f4_channels and min(out) >= rule.f4_map:
         return 4
@@ -264,7 +264,7 @@ def _vector_output(node: Node) -> packed.RegisterEpilogue | bool | None:
     if not chain:
         return True
     extras = [name for name in node.inputs[node.attrs["epilogue_start"]:] if name]
-    return conv_kernel.register_epilogue(None, chain, extras)  # the bias: _output_rows adds it
+    return _window.register_epilogue(None, chain, extras)  # the bias: _output_rows adds it
 
 
 def _interleave(b: ir.IRBuilder, vectors: list[ir.Value]) -> ir.Value:

@@ -15,6 +15,9 @@ The package, laid out like ``kernels/``:
 ``importer``
     GraphDef → :class:`~polyml.graph.Graph`: inputs, outputs, node order, and the layout
     tracking (TF's NHWC held as NCHW) that every converter works through.
+``values``
+    how a TF tensor is held in the IR (``Val``: an IR tensor and a permutation) and the state
+    and emission helpers converters work through (``TFValues``, the base of the importer).
 ``convert/``
     the converters, one module per op family, registered by TF op type with
     ``@converter("Op", ...)``; every module there is imported on first use, so adding a TF op is
@@ -31,9 +34,10 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from polyml.frontends.tensorflow.functions import inline_functions
-from polyml.frontends.tensorflow.importer import LAYOUTS, Importer
+from polyml.frontends.tensorflow.importer import Importer
 from polyml.frontends.tensorflow.loader import check_graphdef, load_graphdef, tensor_to_numpy
 from polyml.frontends.tensorflow.rewrites import optimize
+from polyml.frontends.tensorflow.values import LAYOUTS
 from polyml.graph import Graph
 
 

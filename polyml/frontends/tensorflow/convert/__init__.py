@@ -3,18 +3,20 @@
 A converter is called once per TF node the outputs depend on, in topological order::
 
     @converter("Relu", "Tanh")
-    def _unary(imp: Importer, n: NodeDef, ts: list[str]) -> list[Value | None]:
+    def _unary(imp: TFValues, n: NodeDef, ts: list[str]) -> list[Value | None]:
         ...
 
 ``ts`` are the node's data inputs as canonical TF tensor names (``X`` for ``X:0``, ``X:k``;
 control inputs dropped); ``imp.vals[t]`` is each one's value so far: a numpy array (a constant,
-folded at import) or a :class:`~polyml.frontends.tensorflow.importer.Val` (an IR tensor and the
+folded at import) or a :class:`~polyml.frontends.tensorflow.values.Val` (an IR tensor and the
 permutation holding the TF tensor in it).  The converter returns the values of the node's
 outputs 0, 1, ... (None for outputs it does not compute), emitting IR nodes with ``imp.emit``
 (shape-inferred by their kernels) and reading operands in the layout it needs with ``imp.ir``
-or ``imp.tf_order``.  It raises :class:`Unsupported` for a node polyml cannot lower (the
-importer collects these and reports them all at once, with TF node names) and ``PolymlError``s
-(``ShapeError``, ``GraphError``) for a malformed graph.
+or ``imp.tf_order``.  It raises :class:`~polyml.frontends.tensorflow.values.Unsupported` for
+a node polyml cannot lower (the importer collects these and reports them all at once, with TF
+node names) and ``PolymlError``s (``ShapeError``, ``GraphError``) for a malformed graph.  ``imp``
+is the :class:`~polyml.frontends.tensorflow.values.TFValues` of the translation (converters
+import :mod:`~polyml.frontends.tensorflow.values`, never the importer that drives them).
 
 A *pattern* is tried before the converter of its op type: registered with ``@pattern("Mul")``,
 it looks back from the node over the NodeDefs that compute its inputs (``_match.py``) and returns
@@ -36,14 +38,9 @@ from polyml.errors import GraphError
 from polyml.frontends.tensorflow.loader import attr_value
 
 if TYPE_CHECKING:
-    from polyml.frontends.tensorflow.importer import Importer, Value
+    from polyml.frontends.tensorflow.values import TFValues, Value
 
-
-class Unsupported(Exception):
-    """A TF node polyml cannot lower (collected, reported together)."""
-
-
-Converter = Callable[["Importer", object, list[str]], "list[Value | None]"]
+Converter = Callable[["TFValues", object, list[str]], "list[Value | None]"]
 CONVERTERS: dict[str, Converter] = {}
 #: TF op type → patterns tried, in registration order, before its converter
 PATTERNS: dict[str, list[Converter]] = {}

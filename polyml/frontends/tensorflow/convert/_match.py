@@ -22,7 +22,7 @@ from __future__ import annotations
 import numpy as np
 
 from polyml.frontends.tensorflow.convert.identity import PASS_THROUGH
-from polyml.frontends.tensorflow.importer import Importer, split_name, tensor_name
+from polyml.frontends.tensorflow.values import TFValues, split_name, tensor_name
 
 COMMUTATIVE = {"Add", "AddV2", "Mul"}
 Pattern = str | float | tuple
@@ -32,7 +32,7 @@ def data_inputs(node) -> list[str]:
     return [tensor_name(t) for t in node.input if not t.startswith("^")]
 
 
-def source(imp: Importer, t: str) -> tuple[object | None, str]:
+def source(imp: TFValues, t: str) -> tuple[object | None, str]:
     """(NodeDef computing ``t``, canonical tensor name), through pass-through ops and IdentityN."""
     while True:
         base, k = split_name(t)
@@ -48,7 +48,7 @@ def source(imp: Importer, t: str) -> tuple[object | None, str]:
             return node, tensor_name(t)
 
 
-def scalar(imp: Importer, t: str) -> float | None:
+def scalar(imp: TFValues, t: str) -> float | None:
     """The value of ``t`` if it is a one-element constant."""
     v = imp.vals.get(t)
     if isinstance(v, np.ndarray) and v.size == 1 and v.dtype.kind == "f":
@@ -56,7 +56,7 @@ def scalar(imp: Importer, t: str) -> float | None:
     return None
 
 
-def match(imp: Importer, t: str, pat: Pattern, env: dict[str, str] | None = None) -> dict[str, str] | None:
+def match(imp: TFValues, t: str, pat: Pattern, env: dict[str, str] | None = None) -> dict[str, str] | None:
     env = {} if env is None else env
     if isinstance(pat, str) and pat.startswith("$"):
         if t not in imp.vals or not imp.is_const(t):

@@ -11,16 +11,16 @@ import numpy as np
 
 from polyml.codegen.builder import LLVM_TYPES
 from polyml.errors import PolymlError
-from polyml.frontends.tensorflow.convert import Converter, Unsupported, attr, converter
-from polyml.frontends.tensorflow.importer import Importer, Val, Value
+from polyml.frontends.tensorflow.convert import Converter, attr, converter
 from polyml.frontends.tensorflow.loader import TF_DTYPE_NAMES, TF_DTYPES, attr_value
+from polyml.frontends.tensorflow.values import TFValues, Unsupported, Val, Value
 
 #: the dtypes tensors computed at run time may have (a run-time Cast converts between them)
 RUNTIME_DTYPES = tuple(LLVM_TYPES)
 
 
 @converter("Const")
-def _const(imp: Importer, n, ts: list[str]) -> list[Value | None]:
+def _const(imp: TFValues, n, ts: list[str]) -> list[Value | None]:
     if "value" not in n.attr:
         raise Unsupported("Const without a value")
     try:
@@ -34,33 +34,33 @@ def _out_dtype(n, key: str = "out_type", default: int = 3) -> np.dtype:
 
 
 @converter("Shape")
-def _shape(imp: Importer, n, ts: list[str]) -> list[Value | None]:
+def _shape(imp: TFValues, n, ts: list[str]) -> list[Value | None]:
     return [np.array(imp.tf_shape(ts[0]), _out_dtype(n))]
 
 
 @converter("ShapeN")
-def _shape_n(imp: Importer, n, ts: list[str]) -> list[Value | None]:
+def _shape_n(imp: TFValues, n, ts: list[str]) -> list[Value | None]:
     return [np.array(imp.tf_shape(t), _out_dtype(n)) for t in ts]
 
 
 @converter("Size")
-def _size(imp: Importer, n, ts: list[str]) -> list[Value | None]:
+def _size(imp: TFValues, n, ts: list[str]) -> list[Value | None]:
     return [np.array(int(np.prod(imp.tf_shape(ts[0]), dtype=np.int64)), _out_dtype(n))]
 
 
 @converter("Rank")
-def _rank(imp: Importer, n, ts: list[str]) -> list[Value | None]:
+def _rank(imp: TFValues, n, ts: list[str]) -> list[Value | None]:
     return [np.array(len(imp.tf_shape(ts[0])), np.int32)]
 
 
 @converter("ZerosLike", "OnesLike")
-def _fill_like(imp: Importer, n, ts: list[str]) -> list[Value | None]:
+def _fill_like(imp: TFValues, n, ts: list[str]) -> list[Value | None]:
     dt = np.dtype(imp.dtype(ts[0]))
     return [np.full(imp.tf_shape(ts[0]), 0 if n.op == "ZerosLike" else 1, dt)]
 
 
 def _const_only(fn: Callable[..., np.ndarray]) -> Converter:
-    def conv(imp: Importer, n, ts: list[str]) -> list[Value | None]:
+    def conv(imp: TFValues, n, ts: list[str]) -> list[Value | None]:
         live = [t for t in ts if not imp.is_const(t)]
         if live:
             raise Unsupported(f"only supported on constants (computed at compile time); {live[0]!r} is computed at run time")
@@ -86,7 +86,7 @@ for _op, _fn in CONST_ONLY.items():
 
 
 @converter("Cast")
-def _cast(imp: Importer, n, ts: list[str]) -> list[Value | None]:
+def _cast(imp: TFValues, n, ts: list[str]) -> list[Value | None]:
     if imp.is_const(ts[0]):
         return [_cast_value(n, imp.value(ts[0]))]
     code = int(attr(n, "DstT", 1))

@@ -10,10 +10,10 @@ from collections.abc import Sequence
 import numpy as np
 
 from polyml.errors import GraphError, PolymlError, ShapeError
-from polyml.frontends.tensorflow.convert import Unsupported, attr, converter
+from polyml.frontends.tensorflow.convert import attr, converter
 from polyml.frontends.tensorflow.convert.identity import PASS_THROUGH
-from polyml.frontends.tensorflow.importer import Importer, Value, norm_perm, split_name, tensor_name
 from polyml.frontends.tensorflow.loader import attr_value
+from polyml.frontends.tensorflow.values import TFValues, Unsupported, Value, norm_perm, split_name, tensor_name
 
 
 def layout_of(n, rank: int = 4) -> tuple[tuple[int, ...] | None, list[int], int]:
@@ -65,7 +65,7 @@ def _spatial(n, name: str, dims: list[int], ch: int, default: int = 1) -> list[i
 
 
 @converter("Conv2D", "DepthwiseConv2dNative", "Conv3D")
-def _conv(imp: Importer, n, ts: list[str]) -> list[Value | None]:
+def _conv(imp: TFValues, n, ts: list[str]) -> list[Value | None]:
     x, w = ts
     dilated = imp.s2b.get(x)
     if dilated is not None:
@@ -108,7 +108,7 @@ def _conv(imp: Importer, n, ts: list[str]) -> list[Value | None]:
     return [imp.finish(y, need)]
 
 
-def _static(imp: Importer, t: str) -> np.ndarray | None:
+def _static(imp: TFValues, t: str) -> np.ndarray | None:
     """The value of TF tensor ``t`` if it is constant, looking through Identity to a Const
     node not converted yet (None otherwise)."""
     v = imp.vals.get(t)
@@ -125,7 +125,7 @@ def _static(imp: Importer, t: str) -> np.ndarray | None:
     return None
 
 
-def _dilation_pattern(imp: Importer, n, ts: list[str]) -> tuple[list[int], list[int]] | str:
+def _dilation_pattern(imp: TFValues, n, ts: list[str]) -> tuple[list[int], list[int]] | str:
     """``SpaceToBatchND(x, b, p) → Conv2D/DepthwiseConv2dNative(VALID, stride 1) →
     BatchToSpaceND(·, b, c)`` (how TensorFlow writes a dilated convolution) is that convolution
     with dilations ``b`` and pads ``p - c``: (dilations, ONNX pads), or why it does not match."""
@@ -156,7 +156,7 @@ def _dilation_pattern(imp: Importer, n, ts: list[str]) -> tuple[list[int], list[
 
 
 @converter("SpaceToBatchND")
-def _space_to_batch(imp: Importer, n, ts: list[str]) -> list[Value | None]:
+def _space_to_batch(imp: TFValues, n, ts: list[str]) -> list[Value | None]:
     match = _dilation_pattern(imp, n, ts)
     if isinstance(match, str):
         raise Unsupported(f"supported only as part of a dilated convolution (SpaceToBatchND → Conv2D → "
@@ -168,7 +168,7 @@ def _space_to_batch(imp: Importer, n, ts: list[str]) -> list[Value | None]:
 
 
 @converter("BatchToSpaceND")
-def _batch_to_space(imp: Importer, n, ts: list[str]) -> list[Value | None]:
+def _batch_to_space(imp: TFValues, n, ts: list[str]) -> list[Value | None]:
     if split_name(ts[0])[0] not in imp.b2s:
         raise Unsupported("supported only as part of a dilated convolution (SpaceToBatchND → Conv2D → BatchToSpaceND)")
     return [imp.vals[ts[0]]]

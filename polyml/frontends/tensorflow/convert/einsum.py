@@ -19,8 +19,8 @@ from __future__ import annotations
 import numpy as np
 
 from polyml.errors import GraphError
-from polyml.frontends.tensorflow.convert import Unsupported, attr, converter
-from polyml.frontends.tensorflow.importer import Importer, Val, Value, compose, norm_perm
+from polyml.frontends.tensorflow.convert import attr, converter
+from polyml.frontends.tensorflow.values import TFValues, Unsupported, Val, Value, compose, norm_perm
 
 LETTERS = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"
 
@@ -64,7 +64,7 @@ def _prod(vals) -> int:
 class Operand:
     """An Einsum operand being brought into shape: TF tensor ``t`` with labels ``labels``."""
 
-    def __init__(self, imp: Importer, t: str, labels: str, n):
+    def __init__(self, imp: TFValues, t: str, labels: str, n):
         self.imp, self.t, self.labels, self.n = imp, t, labels, n
         self.sizes = dict(zip(labels, imp.tf_shape(t)))
 
@@ -100,7 +100,7 @@ class Operand:
 
 
 @converter("Einsum")
-def _einsum(imp: Importer, n, ts: list[str]) -> list[Value | None]:
+def _einsum(imp: TFValues, n, ts: list[str]) -> list[Value | None]:
     equation = attr(n, "equation", "")
     if isinstance(equation, bytes):
         equation = equation.decode()

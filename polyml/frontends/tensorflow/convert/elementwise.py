@@ -12,7 +12,7 @@ import numpy as np
 
 from polyml.errors import ShapeError
 from polyml.frontends.tensorflow.convert import attr, converter
-from polyml.frontends.tensorflow.importer import Importer, Val, Value, tag
+from polyml.frontends.tensorflow.values import TFValues, Val, Value, tag
 
 #: TF op → (IR op, None where the converter writes it with other ops; numpy for constant inputs)
 UNARY: dict[str, tuple[str | None, Callable[[np.ndarray], np.ndarray]]] = {
@@ -64,7 +64,7 @@ def _same_dtype(x: np.ndarray, r) -> np.ndarray:
     return r.astype(x.dtype) if r.dtype != x.dtype and x.dtype.kind == r.dtype.kind == "f" else r
 
 
-def elementwise(imp: Importer, op: str, ts: list[str], attrs: dict | None = None, *, main: bool = True) -> Val:
+def elementwise(imp: TFValues, op: str, ts: list[str], attrs: dict | None = None, *, main: bool = True) -> Val:
     """An n-ary broadcasting op in the layout of its highest-rank non-constant operand (the IR op
     ``op`` on TF tensors ``ts``; ``main``: it computes the TF node's output 0)."""
     rank = max(len(imp.tf_shape(t)) for t in ts)
@@ -92,7 +92,7 @@ def elementwise(imp: Importer, op: str, ts: list[str], attrs: dict | None = None
 
 
 @converter(*UNARY)
-def _unary(imp: Importer, n, ts: list[str]) -> list[Value | None]:
+def _unary(imp: TFValues, n, ts: list[str]) -> list[Value | None]:
     op, fn = UNARY[n.op]
     x = ts[0]
     if n.op == "LeakyRelu":
@@ -116,7 +116,7 @@ def _unary(imp: Importer, n, ts: list[str]) -> list[Value | None]:
     return [elementwise(imp, op, [x])]
 
 
-def _is_identity_factor(imp: Importer, one: str, other: str) -> bool:
+def _is_identity_factor(imp: TFValues, one: str, other: str) -> bool:
     """``one`` is a constant of ones that, multiplied into ``other``, changes neither its shape nor its dtype."""
     if not imp.is_const(one) or imp.is_const(other):
         return False
@@ -127,7 +127,7 @@ def _is_identity_factor(imp: Importer, one: str, other: str) -> bool:
 
 
 @converter(*BINARY)
-def _binary(imp: Importer, n, ts: list[str]) -> list[Value | None]:
+def _binary(imp: TFValues, n, ts: list[str]) -> list[Value | None]:
     op, fn = BINARY[n.op]
     a, b = ts[:2]
     if n.op.startswith("BiasAdd"):
@@ -159,7 +159,7 @@ def _binary(imp: Importer, n, ts: list[str]) -> list[Value | None]:
 
 
 @converter("AddN")
-def _addn(imp: Importer, n, ts: list[str]) -> list[Value | None]:
+def _addn(imp: TFValues, n, ts: list[str]) -> list[Value | None]:
     if all(imp.is_const(t) for t in ts):
         return [np.sum([imp.value(t) for t in ts], axis=0).astype(imp.value(ts[0]).dtype)]
     return [elementwise(imp, "Sum", ts)]

@@ -15,7 +15,7 @@ import numpy as np
 from polyml.frontends.tensorflow.convert import converter, pattern
 from polyml.frontends.tensorflow.convert._match import match
 from polyml.frontends.tensorflow.convert.elementwise import elementwise
-from polyml.frontends.tensorflow.importer import Importer, Value
+from polyml.frontends.tensorflow.values import TFValues, Value
 
 SQRT1_2 = 1 / math.sqrt(2.0)
 SQRT2 = math.sqrt(2.0)
@@ -36,7 +36,7 @@ _erf = np.vectorize(math.erf, otypes=[np.float64])
 
 
 @converter("Erf", "Erfc")
-def _erf_op(imp: Importer, n, ts: list[str]) -> list[Value | None]:
+def _erf_op(imp: TFValues, n, ts: list[str]) -> list[Value | None]:
     x = ts[0]
     if imp.is_const(x):
         v = imp.value(x)
@@ -52,7 +52,7 @@ def _erf_op(imp: Importer, n, ts: list[str]) -> list[Value | None]:
 
 
 @pattern("Mul")
-def _gelu(imp: Importer, n, ts: list[str]) -> list[Value | None] | None:
+def _gelu(imp: TFValues, n, ts: list[str]) -> list[Value | None] | None:
     if len(ts) != 2 or imp.dtype(ts[0]) != "float32":
         return None
     for pat, approximate in GELU_PATTERNS:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from polyml.frontends.tensorflow.convert import converter
-from polyml.frontends.tensorflow.importer import Importer, Value
+from polyml.frontends.tensorflow.values import TFValues, Value
 
 #: ops that pass their input through unchanged
 PASS_THROUGH = {"Identity", "StopGradient", "Snapshot", "PreventGradient", "CheckNumerics", "EnsureShape",
@@ -11,10 +11,10 @@ PASS_THROUGH = {"Identity", "StopGradient", "Snapshot", "PreventGradient", "Chec
 
 
 @converter(*PASS_THROUGH)
-def _pass_through(imp: Importer, n, ts: list[str]) -> list[Value | None]:
+def _pass_through(imp: TFValues, n, ts: list[str]) -> list[Value | None]:
     return [imp.vals[ts[0]]]
 
 
 @converter("IdentityN")
-def _identity_n(imp: Importer, n, ts: list[str]) -> list[Value | None]:
+def _identity_n(imp: TFValues, n, ts: list[str]) -> list[Value | None]:
     return [imp.vals[t] for t in ts]

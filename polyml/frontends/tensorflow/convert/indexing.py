@@ -13,15 +13,15 @@ from __future__ import annotations
 import numpy as np
 
 from polyml.errors import GraphError, ShapeError
-from polyml.frontends.tensorflow.convert import Unsupported, attr, converter, norm_axis
-from polyml.frontends.tensorflow.importer import Importer, Val, Value
+from polyml.frontends.tensorflow.convert import attr, converter, norm_axis
+from polyml.frontends.tensorflow.values import TFValues, Unsupported, Val, Value
 
 
-def _i64(imp: Importer, values, hint: str = "shape") -> str:
+def _i64(imp: TFValues, values, hint: str = "shape") -> str:
     return imp.const(np.array([int(v) for v in values], np.int64), hint)
 
 
-def _reshape(imp: Importer, x: str, shape: list[int], main: bool = True) -> str:
+def _reshape(imp: TFValues, x: str, shape: list[int], main: bool = True) -> str:
     return imp.emit("Reshape", [x, _i64(imp, shape)], main=main, what="view")
 
 
@@ -78,7 +78,7 @@ def slice_plan(index: list, shape: tuple[int, ...]) -> tuple[list[tuple[int, int
     return axes, out
 
 
-def sliced(imp: Importer, x: str, plan: list[tuple[int, int, int, int]], shape: list[int], main: bool = True) -> Value:
+def sliced(imp: TFValues, x: str, plan: list[tuple[int, int, int, int]], shape: list[int], main: bool = True) -> Value:
     """TF tensor ``x`` sliced by ``plan`` and viewed as ``shape`` (``main``: the node's output 0)."""
     src = imp.tf_order(x)
     if not plan and list(imp.types[src].shape) == list(shape):
@@ -108,7 +108,7 @@ def _shape_after(shape: tuple[int, ...], plan: list[tuple[int, int, int, int]]) 
 
 
 @converter("StridedSlice")
-def _strided_slice(imp: Importer, n, ts: list[str]) -> list[Value | None]:
+def _strided_slice(imp: TFValues, n, ts: list[str]) -> list[Value | None]:
     x, *rest = ts
     index = strided_index(n, *[imp.value(t) for t in rest])
     if imp.is_const(x):
@@ -118,7 +118,7 @@ def _strided_slice(imp: Importer, n, ts: list[str]) -> list[Value | None]:
 
 
 @converter("Slice")
-def _slice(imp: Importer, n, ts: list[str]) -> list[Value | None]:
+def _slice(imp: TFValues, n, ts: list[str]) -> list[Value | None]:
     x, b, s = ts
     begin = [int(v) for v in imp.value(b).reshape(-1)]
     size = [int(v) for v in imp.value(s).reshape(-1)]
@@ -140,7 +140,7 @@ def _split_sizes(n, total: int, sizes: list[int]) -> list[int]:
 
 
 @converter("Split", "SplitV", "Unpack")
-def _split(imp: Importer, n, ts: list[str]) -> list[Value | None]:
+def _split(imp: TFValues, n, ts: list[str]) -> list[Value | None]:
     if n.op == "Split":
         a, x = ts
         axis = int(imp.value(a).reshape(-1)[0])
@@ -174,7 +174,7 @@ def _split(imp: Importer, n, ts: list[str]) -> list[Value | None]:
 
 
 @converter("Pack")
-def _pack(imp: Importer, n, ts: list[str]) -> list[Value | None]:
+def _pack(imp: TFValues, n, ts: list[str]) -> list[Value | None]:
     rank = len(imp.tf_shape(ts[0]))
     axis = norm_axis(int(attr(n, "axis", 0)), rank + 1, n)
     if all(imp.is_const(t) for t in ts):
@@ -186,7 +186,7 @@ def _pack(imp: Importer, n, ts: list[str]) -> list[Value | None]:
 
 
 @converter("GatherV2", "Gather")
-def _gather(imp: Importer, n, ts: list[str]) -> list[Value | None]:
+def _gather(imp: TFValues, n, ts: list[str]) -> list[Value | None]:
     params, indices = ts[:2]
     axis = int(imp.value(ts[2]).reshape(-1)[0]) if len(ts) > 2 else 0
     if int(attr(n, "batch_dims", 0)):
@@ -198,7 +198,7 @@ def _gather(imp: Importer, n, ts: list[str]) -> list[Value | None]:
 
 
 @converter("Tile")
-def _tile(imp: Importer, n, ts: list[str]) -> list[Value | None]:
+def _tile(imp: TFValues, n, ts: list[str]) -> list[Value | None]:
     x, m = ts
     reps = [int(v) for v in imp.value(m).reshape(-1)]
     if imp.is_const(x):
@@ -207,7 +207,7 @@ def _tile(imp: Importer, n, ts: list[str]) -> list[Value | None]:
 
 
 @converter("BroadcastTo")
-def _broadcast_to(imp: Importer, n, ts: list[str]) -> list[Value | None]:
+def _broadcast_to(imp: TFValues, n, ts: list[str]) -> list[Value | None]:
     x, s = ts
     shape = [int(v) for v in imp.value(s).reshape(-1)]
     if imp.is_const(x):

@@ -21,7 +21,7 @@ import numpy as np
 from polyml.frontends.tensorflow.convert import attr, pattern
 from polyml.frontends.tensorflow.convert._match import match, scalar, source
 from polyml.frontends.tensorflow.convert.elementwise import elementwise
-from polyml.frontends.tensorflow.importer import Importer, Val, Value, tensor_name
+from polyml.frontends.tensorflow.values import TFValues, Val, Value, tensor_name
 
 ADD = "Add|AddV2"
 _VAR = ("Mean", ("SquaredDifference", "x", "mean"), "$axes")
@@ -33,7 +33,7 @@ LAYER_NORMS = [(ADD, ("Mul", "x", inv), (ADD, ("Mul", ("Neg", "mean"), inv), "$b
 SWISH = [("Mul", "x", ("Sigmoid", "x")), ("Mul", "x", ("Sigmoid", ("Mul", "$alpha", "x")))]
 
 
-def _vector(imp: Importer, t: str, c: int) -> np.ndarray | None:
+def _vector(imp: TFValues, t: str, c: int) -> np.ndarray | None:
     """Constant ``t`` as a float32 vector of ``c`` values, if it broadcasts along the last axis only."""
     v = imp.value(t)
     if v.size not in (1, c) or any(d != 1 for d in v.shape[:-1]):
@@ -42,7 +42,7 @@ def _vector(imp: Importer, t: str, c: int) -> np.ndarray | None:
 
 
 @pattern("Add", "AddV2")
-def _layer_norm(imp: Importer, n, ts: list[str]) -> list[Value | None] | None:
+def _layer_norm(imp: TFValues, n, ts: list[str]) -> list[Value | None] | None:
     if "LayerNormalization" not in imp.kernels or len(ts) != 2:
         return None
     for pat in LAYER_NORMS:
@@ -77,7 +77,7 @@ def _layer_norm(imp: Importer, n, ts: list[str]) -> list[Value | None] | None:
 
 
 @pattern("Mul")
-def _swish(imp: Importer, n, ts: list[str]) -> list[Value | None] | None:
+def _swish(imp: TFValues, n, ts: list[str]) -> list[Value | None] | None:
     if "Swish" not in imp.kernels or len(ts) != 2 or imp.dtype(ts[0]) != "float32":
         return None
     for pat in SWISH:

@@ -13,7 +13,7 @@ import numpy as np
 from polyml.errors import ShapeError
 from polyml.frontends.tensorflow.convert import converter
 from polyml.frontends.tensorflow.convert.elementwise import elementwise
-from polyml.frontends.tensorflow.importer import Importer, Val, Value
+from polyml.frontends.tensorflow.values import TFValues, Val, Value
 
 #: TF op → (IR op, numpy)
 OPS: dict[str, tuple[str, Callable[..., np.ndarray]]] = {
@@ -31,7 +31,7 @@ OPS: dict[str, tuple[str, Callable[..., np.ndarray]]] = {
 
 
 @converter(*OPS)
-def _logical(imp: Importer, n, ts: list[str]) -> list[Value | None]:
+def _logical(imp: TFValues, n, ts: list[str]) -> list[Value | None]:
     op, fn = OPS[n.op]
     ts = ts[:3] if n.op == "SelectV2" else ts[:2] if op not in ("Not", "IsNaN") else ts[:1]
     if all(imp.is_const(t) for t in ts):
@@ -40,7 +40,7 @@ def _logical(imp: Importer, n, ts: list[str]) -> list[Value | None]:
 
 
 @converter("NotEqual")
-def _not_equal(imp: Importer, n, ts: list[str]) -> list[Value | None]:
+def _not_equal(imp: TFValues, n, ts: list[str]) -> list[Value | None]:
     a, b = ts[:2]
     if imp.is_const(a) and imp.is_const(b):
         return [np.not_equal(imp.value(a), imp.value(b))]
@@ -50,7 +50,7 @@ def _not_equal(imp: Importer, n, ts: list[str]) -> list[Value | None]:
 
 
 @converter("Select")
-def _select(imp: Importer, n, ts: list[str]) -> list[Value | None]:
+def _select(imp: TFValues, n, ts: list[str]) -> list[Value | None]:
     """TF1's Select: ``cond`` has the shape of the branches, or is a vector along their first axis."""
     c, a, b = ts[:3]
     cs, shape = imp.tf_shape(c), imp.tf_shape(a)

@@ -15,9 +15,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from polyml.frontends.tensorflow.convert import Unsupported, attr, converter, pattern
+from polyml.frontends.tensorflow.convert import attr, converter, pattern
 from polyml.frontends.tensorflow.convert._match import match, source
-from polyml.frontends.tensorflow.importer import Importer, Val, Value
+from polyml.frontends.tensorflow.values import TFValues, Unsupported, Val, Value
 
 TENSORDOT = ("Reshape", ("MatMul", ("Reshape", "x", "$flat"), "$w"), "$shape")
 #: a product of at most this many rows by a constant matrix (a batch-1 classifier) is a Gemm
@@ -28,14 +28,14 @@ TENSORDOT = ("Reshape", ("MatMul", ("Reshape", "x", "$flat"), "$w"), "$shape")
 GEMV_MAX_ROWS = 16
 
 
-def channels_first(imp: Importer, x: str) -> bool:
+def channels_first(imp: TFValues, x: str) -> bool:
     """TF tensor ``x`` (rank ≥ 3) is held with its last axis first after the batch axis."""
     v = imp.vals[x]
     rank = len(imp.tf_shape(x))
     return isinstance(v, Val) and rank >= 3 and v.perm == (0, rank - 1, *range(1, rank - 1))
 
 
-def pointwise_conv(imp: Importer, x: str, w: np.ndarray) -> Val:
+def pointwise_conv(imp: TFValues, x: str, w: np.ndarray) -> Val:
     """``x @ w`` along TF's last axis of channels-first-held ``x``, as a 1×1 Conv."""
     v = imp.vals[x]
     sp = len(imp.tf_shape(x)) - 2
@@ -46,7 +46,7 @@ def pointwise_conv(imp: Importer, x: str, w: np.ndarray) -> Val:
 
 
 @pattern("Reshape")
-def _tensordot(imp: Importer, n, ts: list[str]) -> list[Value | None] | None:
+def _tensordot(imp: TFValues, n, ts: list[str]) -> list[Value | None] | None:
     env = match(imp, n.name, TENSORDOT)
     if env is None or not channels_first(imp, env["x"]) or imp.dtype(env["x"]) != "float32":
         return None
@@ -68,7 +68,7 @@ def _tensordot(imp: Importer, n, ts: list[str]) -> list[Value | None] | None:
 
 
 @converter("MatMul", "BatchMatMul", "BatchMatMulV2", "BatchMatMulV3")
-def _matmul(imp: Importer, n, ts: list[str]) -> list[Value | None]:
+def _matmul(imp: TFValues, n, ts: list[str]) -> list[Value | None]:
     a, b = ts
     batch = n.op != "MatMul"
     ta = bool(attr(n, "adj_x" if batch else "transpose_a", False))

@@ -5,12 +5,12 @@ from __future__ import annotations
 import numpy as np
 
 from polyml.errors import GraphError, ShapeError
-from polyml.frontends.tensorflow.convert import Unsupported, attr, converter, norm_axis
-from polyml.frontends.tensorflow.importer import Importer, Val, Value, compose, drop_dims, norm_perm
+from polyml.frontends.tensorflow.convert import attr, converter, norm_axis
+from polyml.frontends.tensorflow.values import TFValues, Unsupported, Val, Value, compose, drop_dims, norm_perm
 
 
 @converter("Reshape")
-def _reshape(imp: Importer, n, ts: list[str]) -> list[Value | None]:
+def _reshape(imp: TFValues, n, ts: list[str]) -> list[Value | None]:
     x, s = ts
     target = [int(d) for d in imp.value(s).reshape(-1)]
     shape = imp.tf_shape(x)
@@ -29,7 +29,7 @@ def _reshape(imp: Importer, n, ts: list[str]) -> list[Value | None]:
 
 
 @converter("ExpandDims")
-def _expand_dims(imp: Importer, n, ts: list[str]) -> list[Value | None]:
+def _expand_dims(imp: TFValues, n, ts: list[str]) -> list[Value | None]:
     x, a = ts
     shape = list(imp.tf_shape(x))
     axis = int(imp.value(a).reshape(-1)[0])
@@ -41,7 +41,7 @@ def _expand_dims(imp: Importer, n, ts: list[str]) -> list[Value | None]:
 
 
 @converter("Squeeze")
-def _squeeze(imp: Importer, n, ts: list[str]) -> list[Value | None]:
+def _squeeze(imp: TFValues, n, ts: list[str]) -> list[Value | None]:
     x = ts[0]
     shape = imp.tf_shape(x)
     axes = [norm_axis(int(a), len(shape), n) for a in (attr(n, "squeeze_dims", None) or attr(n, "axis", None) or [])]
@@ -61,7 +61,7 @@ def _squeeze(imp: Importer, n, ts: list[str]) -> list[Value | None]:
 
 
 @converter("Transpose")
-def _transpose(imp: Importer, n, ts: list[str]) -> list[Value | None]:
+def _transpose(imp: TFValues, n, ts: list[str]) -> list[Value | None]:
     x, p = ts
     q = [int(i) for i in imp.value(p).reshape(-1)]
     rank = len(imp.tf_shape(x))
@@ -76,7 +76,7 @@ def _transpose(imp: Importer, n, ts: list[str]) -> list[Value | None]:
 
 
 @converter("ConcatV2", "Concat")
-def _concat(imp: Importer, n, ts: list[str]) -> list[Value | None]:
+def _concat(imp: TFValues, n, ts: list[str]) -> list[Value | None]:
     if n.op == "Concat":
         a, parts = ts[0], ts[1:]
     else:
@@ -93,7 +93,7 @@ def _concat(imp: Importer, n, ts: list[str]) -> list[Value | None]:
 
 
 @converter("Pad", "PadV2", "MirrorPad")
-def _pad(imp: Importer, n, ts: list[str]) -> list[Value | None]:
+def _pad(imp: TFValues, n, ts: list[str]) -> list[Value | None]:
     x, p = ts[:2]
     if n.op == "MirrorPad":
         raise Unsupported(f"MirrorPad mode {attr(n, 'mode', '?')!r} is not supported (only constant padding)")

@@ -14,13 +14,13 @@ from __future__ import annotations
 import numpy as np
 
 from polyml.errors import ShapeError
-from polyml.frontends.tensorflow.convert import Unsupported, attr, converter
+from polyml.frontends.tensorflow.convert import attr, converter
 from polyml.frontends.tensorflow.convert.conv import layout_of
-from polyml.frontends.tensorflow.importer import Importer, Val, Value
+from polyml.frontends.tensorflow.values import TFValues, Unsupported, Val, Value
 
 
 @converter("FusedBatchNorm", "FusedBatchNormV2", "FusedBatchNormV3")
-def _fused_bn(imp: Importer, n, ts: list[str]) -> list[Value | None]:
+def _fused_bn(imp: TFValues, n, ts: list[str]) -> list[Value | None]:
     if attr(n, "is_training", True):
         return [_batch_statistics(imp, n, ts)]
     x, *params = ts[:5]
@@ -39,7 +39,7 @@ def _fused_bn(imp: Importer, n, ts: list[str]) -> list[Value | None]:
 
 
 
-def _batch_statistics(imp: Importer, n, ts: list[str]) -> Val:
+def _batch_statistics(imp: TFValues, n, ts: list[str]) -> Val:
     x, scale, offset = ts[:3]
     rank = len(imp.tf_shape(x))
     need, _, ch = layout_of(n, rank)
@@ -76,7 +76,7 @@ def _batch_statistics(imp: Importer, n, ts: list[str]) -> Val:
 
 
 @converter("Softmax", "LogSoftmax")
-def _softmax(imp: Importer, n, ts: list[str]) -> list[Value | None]:
+def _softmax(imp: TFValues, n, ts: list[str]) -> list[Value | None]:
     x = ts[0]
     v = imp.vals[x]
     if isinstance(v, np.ndarray):

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-from polyml.frontends.tensorflow.convert import Unsupported, attr, converter
+from polyml.frontends.tensorflow.convert import attr, converter
 from polyml.frontends.tensorflow.convert.conv import layout_of, window_pads
-from polyml.frontends.tensorflow.importer import Importer, Value
+from polyml.frontends.tensorflow.values import TFValues, Unsupported, Value
 
 
 @converter("MaxPool", "AvgPool", "MaxPoolV2", "MaxPool3D", "AvgPool3D")
-def _pool(imp: Importer, n, ts: list[str]) -> list[Value | None]:
+def _pool(imp: TFValues, n, ts: list[str]) -> list[Value | None]:
     x = ts[0]
     rank = len(imp.tf_shape(x))
     need, sp, ch = layout_of(n, rank)

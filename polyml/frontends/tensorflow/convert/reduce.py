@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from polyml.frontends.tensorflow.convert import Unsupported, attr, converter, norm_axis
-from polyml.frontends.tensorflow.importer import Importer, Val, Value, drop_dims
+from polyml.frontends.tensorflow.convert import attr, converter, norm_axis
+from polyml.frontends.tensorflow.values import TFValues, Unsupported, Val, Value, drop_dims
 
 
 def _reduce_np(op: str):
@@ -20,7 +20,7 @@ def _reduce_np(op: str):
 
 
 @converter("Mean", "Sum", "Max", "Min", "Prod", "All", "Any")
-def _reduce(imp: Importer, n, ts: list[str]) -> list[Value | None]:
+def _reduce(imp: TFValues, n, ts: list[str]) -> list[Value | None]:
     x, a = ts
     keep = bool(attr(n, "keep_dims", False))
     if imp.is_const(x):
