@@ -23,6 +23,7 @@ test-emulator: setup
 
 lint: setup
 	$(VENV)/bin/ruff check polyml scripts tests
+	$(VENV)/bin/lint-imports --no-logo
 
 bench: setup
 	$(PY) scripts/bench_cnns.py

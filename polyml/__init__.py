@@ -6,8 +6,7 @@ Pipeline (one package or folder per stage): ``polyml.frontends`` (ONNX, TensorFl
 → ``polyml.runtime`` (native code called from Python).
 """
 
-__version__ = "0.1.0"
-
-from polyml.compiler import compile, load  # noqa: E402
+from polyml._version import __version__
+from polyml.compiler import compile, load
 
 __all__ = ["compile", "load", "__version__"]

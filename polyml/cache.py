@@ -38,37 +38,30 @@ from pathlib import Path
 
 from filelock import FileLock
 
-from polyml import __version__
+from polyml import options as settings
+from polyml._version import __version__
+from polyml.codegen.gemm import blocking_for_host
 from polyml.driver import artifact, flags
 from polyml.driver.artifact import MANIFEST
+from polyml.driver.toolchain import TOOLS, host_target, tool, toolchain_versions
+from polyml.userdirs import cache_dir
 
 FORMAT = 1
-ENV_DIR = "POLYML_CACHE_DIR"
 ENV_DISABLE = "POLYML_NO_CACHE"
 ENV_MAX_MB = "POLYML_CACHE_MAX_MB"
 DEFAULT_MAX_MB = 4096
 
 
-def cache_dir() -> Path:
-    """``$POLYML_CACHE_DIR``, else platformdirs' user cache folder for polyml."""
-    env = os.environ.get(ENV_DIR)
-    if env:
-        return Path(env).expanduser()
-    import platformdirs
-
-    return Path(platformdirs.user_cache_dir("polyml", appauthor=False))
-
-
 def max_bytes() -> int:
     """The size the cache is pruned to after each store (``POLYML_CACHE_MAX_MB``, default 4 GiB)."""
     try:
-        return int(float(os.environ.get(ENV_MAX_MB, DEFAULT_MAX_MB)) * 2**20)
+        return int(float(settings.raw(ENV_MAX_MB) or DEFAULT_MAX_MB) * 2**20)
     except ValueError:
         return DEFAULT_MAX_MB * 2**20
 
 
 def enabled_by_default() -> bool:
-    return os.environ.get(ENV_DISABLE, "").lower() in ("", "0", "false", "no")
+    return settings.raw(ENV_DISABLE).strip().lower() in ("", "0", "false", "no")
 
 
 def _hash_tree(h: hashlib._Hash, root: Path) -> None:
@@ -156,10 +149,6 @@ def cache_inputs(
 ) -> dict:
     """Everything a build's result depends on (the cache key is the hash of this);
     ``companions``: :func:`model_companions`."""
-    from polyml.codegen.gemm import blocking_for_host
-    from polyml.driver.build import toolchain_versions
-    from polyml.driver.toolchain import TOOLS, host_target, tool
-
     target = host_target()
     return {
         "format": FORMAT,
@@ -180,17 +169,9 @@ def cache_inputs(
             "link": flags.link_flags(),
         },
         "polyml": {"version": __version__, "source_sha256": source_hash()},
-        # host caches and POLYML_GEMM_BLOCKING decide the packed GEMM's blocks
-        "gemm_blocking": dataclasses.asdict(blocking_for_host()),
-        "env": {k: os.environ[k] for k in CODEGEN_ENV if k in os.environ},
+        # host caches and POLYML_GEMM_BLOCKING (in the options' settings) decide the GEMM's blocks
+        "gemm_blocking": dataclasses.asdict(blocking_for_host(options.codegen(False, False).gemm_blocking)),
     }
-
-
-#: environment variables that change the generated code (kernel-path switches for A/B
-#: measurements); POLYML_GEMM_BLOCKING is covered by ``gemm_blocking``
-CODEGEN_ENV = ("POLYML_IGEMM", "POLYML_IGEMM_INPLACE", "POLYML_IGEMM_ROWS", "POLYML_CONV_INPLACE", "POLYML_CONV_ROWS",
-               "POLYML_WINOGRAD", "POLYML_WINOGRAD_VECTORS", "POLYML_PACK_PREFETCH", "POLYML_C_PREFETCH", "POLYML_GEMM_REGISTER_EPILOGUE", "POLYML_INPLACE_TAIL", "POLYML_A_PREFETCH", "POLYML_GEMM_COLUMNS", "POLYML_GEMM_THIN_ROWS", "POLYML_GEMM_THIN_BYTES", "POLYML_GEMM_ROWS_OUTER_K", "POLYML_ROWS_STACK", "POLYML_ROWS_PREFETCH", "POLYML_ROWS_WEIGHTS_PREFETCH", "POLYML_ROWS_FLAT_CHANNELS", "POLYML_DW_CHAIN_AFTER_CROP", "POLYML_DW_CHAIN_INTERLEAVE",
-               "POLYML_DW_ROW_VECTORS", "POLYML_DW_REGISTER_EPILOGUE", "POLYML_DW_INTERLEAVE", "POLYML_DW_ROW_BANDS", "POLYML_DW_PRODUCT", "POLYML_POOL_ROW_VECTORS", "POLYML_TARGET_CPU", "POLYML_TARGET_CACHES")
 
 
 def cache_key(inputs: dict) -> str:

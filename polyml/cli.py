@@ -87,7 +87,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     tmp = None
     kind = getattr(args, "target", "cpu")
     if target.is_dir():
-        from polyml.gpu.runtime import load_artifact
+        from polyml.gpu.load import load_artifact
 
         # a CUDA build runs on the device (or says there is none), or on the emulator
         compiled = load_artifact(target, kind if kind != "cpu" else None)

@@ -8,34 +8,14 @@ import time
 from collections.abc import Mapping
 from pathlib import Path
 
+from polyml import cache as compile_cache
 from polyml.driver.artifact import sha256_file
 from polyml.driver.build import build_artifact
 from polyml.driver.flags import Options
-from polyml.errors import ModelFormatError
+from polyml.gpu.build import compile_cuda
 from polyml.graph import Graph
+from polyml.pipeline import read_graph
 from polyml.runtime.model import CompiledModel
-
-
-def read_graph(
-    path: str | os.PathLike,
-    input_shapes: Mapping[str, tuple[int, ...]] | None = None,
-    outputs: list[str] | None = None,
-) -> Graph:
-    """Dispatch on the file type to a frontend."""
-    p = Path(path)
-    suffix = p.suffix.lower()
-    if suffix == ".onnx":
-        from polyml.frontends.onnx import from_onnx
-
-        return from_onnx(p, input_shapes=input_shapes)
-    if suffix in (".pb", ".pbtxt"):
-        try:
-            from polyml.frontends.tensorflow import from_graphdef
-        except ImportError:
-            raise ModelFormatError(f"{p}: the TensorFlow GraphDef frontend is not available in this build") from None
-        return from_graphdef(p, input_shapes=input_shapes, outputs=outputs)
-    raise ModelFormatError(f"{p}: unknown model format {suffix!r} (expected .onnx, .pb or .pbtxt)")
-
 
 file_sha256 = sha256_file  # the model file's hash, as recorded in manifest.json
 
@@ -80,8 +60,6 @@ def compile(
     shapes = {k: list(v) for k, v in sorted((input_shapes or {}).items())}
     source = {"path": str(p.resolve()), "input_shapes": shapes, "outputs": list(outputs) if outputs else None}
     if target != "cpu":
-        from polyml.gpu.build import compile_cuda
-
         graph = read_graph(path, input_shapes=input_shapes, outputs=outputs)
         return compile_cuda(graph, output_dir, target, model_sha256=sha or file_sha256(path), source=source, **options)
 
@@ -89,8 +67,6 @@ def compile(
         graph = read_graph(path, input_shapes=input_shapes, outputs=outputs)
         return compile_graph(graph, output_dir, emit=emit, model_sha256=sha or file_sha256(path),
                              frontend_seconds=time.perf_counter() - t0, chunks=chunks, source=source, **options)
-
-    from polyml import cache as compile_cache
 
     use = bool(sha) and (compile_cache.enabled_by_default() if cache is None else cache)
     companions = compile_cache.model_companions(p) if use else None

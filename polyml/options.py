@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 #: sections of the registry, in the order ``polyml options`` lists them
-SECTIONS = ("target", "toolchain", "cache", "gemm", "conv", "depthwise", "pool", "int8", "tests", "install")
+SECTIONS = ("target", "toolchain", "cache", "gemm", "conv", "depthwise", "int8", "tests", "install")
 
 
 @dataclass(frozen=True)
@@ -59,33 +59,10 @@ REGISTRY: tuple[Setting, ...] = (
     _s("NO_CACHE", "bool", "0", "cache", "1: skip the compile cache (as --no-cache)", codegen=False),
     _s("CACHE_MAX_MB", "int", "4096", "cache", "size the cache is pruned to after each store, MiB", codegen=False),
     _s("GEMM_BLOCKING", "str", "", "gemm", "packed GEMM blocks: mr=..,nr=..,mc=..,kc=..,nc=..[,width=..] (default: from the caches)"),
-    _s("GEMM_REGISTER_EPILOGUE", "bool", "1", "gemm", "bias/ReLU/Clip epilogues in the micro-kernels' registers (0: a pass over C)"),
-    _s("GEMM_THIN_ROWS", "int", "64", "gemm", "products of a pre-packed A of at most this many rows pack B in L1-sized blocks (0: none)"),
-    _s("GEMM_THIN_BYTES", "int", str(32 << 10), "gemm", "bytes of B's column block for thin products"),
-    _s("GEMM_ROWS_OUTER_K", "int", "512", "gemm", "largest reduction of wide products whose rows run outermost"),
-    _s("GEMM_COLUMNS", "int", "12", "gemm", "most tail columns the column kernel takes (0: none, masked tiles)"),
-    _s("INPLACE_TAIL", "bool", "1", "gemm", "row tails of in-place products on the output's pitch (0: the natural pitch)"),
-    _s("PACK_PREFETCH", "int", "8", "gemm", "rows ahead that B's packing prefetches (0: none)"),
-    _s("C_PREFETCH", "bool", "1", "gemm", "micro-kernels prefetch their C tile before the reduction"),
-    _s("A_PREFETCH", "int", "384", "gemm", "bytes ahead of a pre-packed A's panels that the micro-kernel prefetches (0: none)"),
-    _s("ROWS_STACK", "bool", "1", "gemm", "row tiles stack several output rows (0: one row per tile)"),
-    _s("ROWS_PREFETCH", "int", "24", "gemm", "reduction steps ahead whose source run the row kernel prefetches"),
-    _s("ROWS_WEIGHTS_PREFETCH", "int", "8", "gemm", "weight panels ahead that the row kernel prefetches (0: none)"),
     _s("CONV_INPLACE", "str", "auto", "conv", "im2col packed in place: auto, 1 (always) or 0 (never)"),
-    _s("CONV_ROWS", "bool", "1", "conv", "convolutions as output rows of register tiles where eligible"),
-    _s("ROWS_FLAT_CHANNELS", "int", "32", "conv", "1x1 convolutions up to this many channels as flat rows (0: none)"),
     _s("WINOGRAD", "str", "", "conv", "force Winograd: 0 (off), 2 (F(2x2,3x3)) or 4 (F(4x4,3x3)); default: by layer shape"),
-    _s("WINOGRAD_VECTORS", "bool", "1", "conv", "Winograd's input and output transforms on explicit vectors"),
-    _s("DW_CHAIN_AFTER_CROP", "bool", "1", "depthwise", "depthwise epilogue chains after the crop (0: per plane)"),
-    _s("DW_CHAIN_INTERLEAVE", "int", "4", "depthwise", "planes whose chains interleave"),
-    _s("DW_ROW_VECTORS", "bool", "1", "depthwise", "depthwise rows stored as vectors (0: the crop loop)"),
-    _s("DW_REGISTER_EPILOGUE", "bool", "1", "depthwise", "ReLU/Clip chains on the accumulators in registers (0: a pass)"),
-    _s("DW_INTERLEAVE", "bool", "1", "depthwise", "phase-plane copy interleaved with the rows that read it (0: the whole plane first)"),
-    _s("DW_ROW_BANDS", "bool", "1", "depthwise", "depthwise planes in row bands on AVX-512 (0: whole planes)"),
     _s("DW_PRODUCT", "bool", "1", "depthwise", "1x1 expansions computed inside the depthwise Conv that reads them"),
-    _s("POOL_ROW_VECTORS", "bool", "1", "pool", "max/average pooling rows on vectors (0: the row loops)"),
     _s("IGEMM", "str", "", "int8", "force the int8 micro-kernel: vnni|madd|madd8[,mr=..,nr=..,kc=..,mc=..,nc=..]"),
-    _s("IGEMM_INPLACE", "bool", "1", "int8", "int8 im2col packed in place (0: packed as a copy)"),
     _s("IGEMM_ROWS", "str", "", "int8", "int8 convolutions as rows: 1 (always), 0 (never); default: by shape"),
     # read by the test suite, not by builds
     _s("EMULATOR_FULL", "bool", "0", "tests", "the long CUDA emulator runs (make test-emulator)", codegen=False),
@@ -155,3 +132,36 @@ def markdown_table() -> str:
         for s in (s for s in REGISTRY if s.section == section):
             rows.append(f"| `{s.name}` | {s.kind} | `{s.default}` | {'yes' if s.codegen else 'no'} | {s.doc} |")
     return "\n".join(rows) + "\n"
+
+
+@dataclass(frozen=True)
+class CodegenConfig:
+    """What the lowering chooses beyond the graph, passed to every kernel explicitly
+    (:meth:`polyml.kernels.Kernel.configured`, :attr:`polyml.codegen.KernelBuilder.config`).
+
+    ``packed``: products on polyml's packed GEMM (False: the plain nests Polly's GEMM pattern
+    matches, also what CUDA and the SCoP tools lower); ``conv``: ``auto``, ``gemm`` or
+    ``direct`` (:attr:`polyml.driver.flags.Options.conv`); ``threaded``: the build may split loops
+    over threads (some GEMM/direct choices differ by thread count).  The rest are the
+    code-changing settings of :data:`REGISTRY`, as text (``""``: by shape / from the caches)."""
+
+    packed: bool = False
+    conv: str = "auto"
+    threaded: bool = True
+    gemm_blocking: str = ""
+    conv_inplace: str = "auto"
+    winograd: str = ""
+    dw_product: bool = True
+    igemm: str = ""
+    igemm_rows: str = ""
+
+    @classmethod
+    def from_settings(cls, settings: Mapping[str, str], **build: bool | str) -> CodegenConfig:
+        """The configuration for ``settings`` (name → text, as :func:`codegen_settings` gives)
+        and the build's choices ``build`` (``packed``, ``conv``, ``threaded``)."""
+        fields = {f: value(f"POLYML_{f.upper()}", settings) for f in _SETTING_FIELDS}
+        return cls(**build, **fields)
+
+
+#: CodegenConfig fields that come from a registry setting of the same name
+_SETTING_FIELDS = ("gemm_blocking", "conv_inplace", "winograd", "dw_product", "igemm", "igemm_rows")

@@ -2,7 +2,7 @@
 are judged on a host whose neighbour moves medians by up to 2x.
 
 Each artifact folder (built from the same model, e.g. before and after a change, or with a
-codegen switch such as ``POLYML_CONV_ROWS=0``) and onnxruntime run in alternating blocks
+codegen switch such as ``POLYML_WINOGRAD=0``) and onnxruntime run in alternating blocks
 (:func:`polyml.benchmark.measure`, 0.3 s settle before each block so onnxruntime's spinning pool
 does not tax the next runner). Prints minimum and median per runner and the ratios to the first
 build and to onnxruntime. ``--clock cpu`` times process CPU time (robust at one thread when

@@ -106,10 +106,10 @@ def main() -> None:
     ap.add_argument("--json", dest="json_file")
     args = ap.parse_args()
     if args.variant:
-        os.environ["POLYML_IGEMM"] = args.variant
+        os.environ["POLYML_IGEMM"] = args.variant  # the builds below read it at their edge
     from polyml.codegen.igemm import blocking_for_host
 
-    blk = blocking_for_host()
+    blk = blocking_for_host(override=args.variant or "")
     print(f"integer micro-kernel {blk.variant} {blk.mr}x{blk.nr} on {blk.width} lanes, kc={blk.kc} mc={blk.mc} nc={blk.nc}")
     print(benchmark.describe(args.repeat, args.block, args.settle))
     rows = []

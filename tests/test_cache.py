@@ -112,10 +112,10 @@ def test_polyml_source_change_misses(cache_dir, small, tmp_path, monkeypatch) ->
 
 
 def test_codegen_switch_misses(cache_dir, small, tmp_path, monkeypatch) -> None:
-    """A kernel-path switch (``POLYML_CONV_ROWS``...) is part of the key: an A/B build in one
+    """A kernel-path switch (``POLYML_DW_PRODUCT``...) is part of the key: an A/B build in one
     process must not get the other variant's artifact."""
     polyml.compile(small, tmp_path / "a")
-    monkeypatch.setenv("POLYML_CONV_ROWS", "0")
+    monkeypatch.setenv("POLYML_DW_PRODUCT", "0")
     assert not polyml.compile(small, tmp_path / "b").cache["hit"]
     assert polyml.compile(small, tmp_path / "c").cache["hit"]
 
@@ -206,17 +206,18 @@ def test_pruned_to_its_size_limit(cache_dir, small, tmp_path, monkeypatch) -> No
     assert [e["options"]["threads"] for e in _entries()] == [3]
 
 
-def test_every_codegen_switch_is_in_the_cache_key() -> None:
-    """Each ``POLYML_*`` variable the kernels and codegen read is in ``CODEGEN_ENV`` (or covered
-    otherwise: ``POLYML_GEMM_BLOCKING`` by ``gemm_blocking``), so a cached build made with
-    another setting is not returned for an A/B measurement."""
-    import re
-    from pathlib import Path
+def test_every_codegen_setting_is_in_the_cache_key(small) -> None:
+    """Each code-changing setting of polyml/options.py changes the key (through the build
+    options, which carry them), so a cached build made with another setting is not returned."""
+    from polyml import options as settings
+    from polyml.driver.flags import Options
 
-    from polyml.cache import CODEGEN_ENV
+    def key(given: dict) -> str:
+        return cache.cache_key(cache.cache_inputs("sha", Options(settings=given), {}, None, [], 1))
 
-    root = Path(__file__).resolve().parent.parent
-    read = set()
-    for path in [*(root / "polyml" / "kernels").glob("*.py"), *(root / "polyml" / "codegen").glob("*.py")]:
-        read |= set(re.findall(r'os\.environ\.get\("(POLYML_[A-Z_]+)"', path.read_text()))
-    assert read and read - {"POLYML_GEMM_BLOCKING"} <= set(CODEGEN_ENV), read - set(CODEGEN_ENV)
+    values = {"POLYML_GEMM_BLOCKING": "kc=128", "POLYML_CONV_INPLACE": "1", "POLYML_WINOGRAD": "0",
+              "POLYML_DW_PRODUCT": "0", "POLYML_IGEMM": "madd", "POLYML_IGEMM_ROWS": "1",
+              "POLYML_TARGET_CPU": "znver4", "POLYML_TARGET_CACHES": "32K,1M"}
+    assert set(values) == {s.name for s in settings.REGISTRY if s.codegen}, "a new code-changing setting: add a value"
+    base = key({})
+    assert all(key({name: v}) != base for name, v in values.items())

@@ -11,10 +11,10 @@ import onnx
 import pytest
 from onnx import TensorProto, helper
 
-from polyml.codegen import gemm as packed
 from polyml.frontends.onnx import from_onnx
 from polyml.kernels import _window as conv_kernels
 from polyml.kernels import depthwise_product
+from polyml.options import CodegenConfig
 from polyml.passes.fuse import FuseOperators
 from polyml.testing import compile_and_compare
 
@@ -110,10 +110,9 @@ def test_biases_and_chains(e_bias, d_bias, e_chain, d_chain, small_fused):
     assert compile_and_compare(model, threads=2, cache=False)["y"] < TOL
 
 
-def _fused(model: onnx.ModelProto, packed_gemm: bool = True, conv: str = "auto") -> bool:
+def _fused(model: onnx.ModelProto, packed_gemm: bool = True, conv: str = "auto", dw_product: bool = True) -> bool:
     """Whether FuseOperators, run as a host build runs it, fuses the pair."""
-    with packed.packed_gemm(packed_gemm, conv, True):
-        graph, report = FuseOperators().apply(from_onnx(model))
+    graph, report = FuseOperators(config=CodegenConfig(packed=packed_gemm, conv=conv, threaded=True, dw_product=dw_product)).apply(from_onnx(model))
     kinds = [grp["kind"] for grp in report.groups]
     ops = [n.op_type for n in graph.nodes]
     assert (depthwise_product.DEPTHWISE_PRODUCT_OP in ops) == ("depthwise-product" in kinds)
@@ -131,8 +130,7 @@ def test_which_pairs_fuse(monkeypatch):
     assert not _fused(_block((1, 16, 7, 15), 96))  # planes narrower than a vector
     assert not _fused(_block((1, 65, 56, 56), 96))  # K > MAX_K
     assert not _fused(_block((2, 16, 56, 56), 96))  # batch 2
-    monkeypatch.setattr(depthwise_product, "ENABLED", False)
-    assert not _fused(_block((1, 16, 56, 56), 96))
+    assert not _fused(_block((1, 16, 56, 56), 96), dw_product=False)  # POLYML_DW_PRODUCT=0
 
 
 def test_gpu_builds_keep_the_pair():
@@ -151,8 +149,7 @@ def test_flops_count_both_convolutions():
 
     model = _block((1, 16, 56, 56), 96, dw_attrs={"pads": [1, 1, 1, 1], "strides": [2, 2]})
     unfused = graph_flops(from_onnx(model))
-    with packed.packed_gemm(True, "auto", True):
-        fused, _ = FuseOperators().apply(from_onnx(model))
+    fused, _ = FuseOperators(config=CodegenConfig(packed=True, conv="auto", threaded=True)).apply(from_onnx(model))
     assert unfused == 2.0 * (96 * 16 * 56 * 56 + 96 * 28 * 28 * 9)
     if _avx512():
         assert graph_flops(fused) == unfused
@@ -160,6 +157,5 @@ def test_flops_count_both_convolutions():
 
 @needs_avx512
 def test_report_merges_both_epilogue_nests():
-    with packed.packed_gemm(True, "auto", True):
-        _, report = FuseOperators().apply(from_onnx(_block((1, 16, 56, 56), 96)))
+    _, report = FuseOperators(config=CodegenConfig(packed=True, conv="auto", threaded=True)).apply(from_onnx(_block((1, 16, 56, 56), 96)))
     assert [(grp["kind"], len(grp["ops"])) for grp in report.groups] == [("depthwise-product", 4)]

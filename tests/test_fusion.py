@@ -13,6 +13,7 @@ from onnx import numpy_helper as nh
 
 import polyml
 from polyml.errors import PolymlError
+from polyml.options import CodegenConfig
 from polyml.testing import onnxruntime_run, rel_error
 
 
@@ -261,16 +262,14 @@ def test_squeeze_excitation_scale_read_by_the_projection(c: int, size: int, m: i
 def test_squeeze_excitation_cases_cover_both_paths() -> None:
     """SE_CASES reach both ways of applying the scale on this host: the packed GEMM scaling x
     as it packs B, and another lowering of the projection reading a scaled copy."""
-    from polyml.codegen.gemm import packed_gemm
     from polyml.graph import Node, TensorType
     from polyml.kernels.conv import _plan, _scales_into_copy
 
     paths = set()
-    with packed_gemm(True):  # as a default host build lowers
-        for c, size, m, _ in SE_CASES:
-            node = Node("proj", "Conv", ["x", "wp", "bp", "gate"], ["y"], {"input_scale": 3})
-            plan = _plan(node, TensorType((1, c, size, size)), TensorType((m, c, 1, 1)), True)
-            paths.add(_scales_into_copy(node, plan))
+    for c, size, m, _ in SE_CASES:
+        node = Node("proj", "Conv", ["x", "wp", "bp", "gate"], ["y"], {"input_scale": 3})
+        plan = _plan(CodegenConfig(packed=True), node, TensorType((1, c, size, size)), TensorType((m, c, 1, 1)), True)
+        paths.add(_scales_into_copy(node, plan))
     assert paths == {False, True}
 
 

@@ -158,7 +158,7 @@ def test_small_models_assemble_with_ptxas(tmp_path):
 
 @pytest.mark.skipif(device_available(), reason="a CUDA device is present")
 def test_run_without_device_says_so(tmp_path):
-    from polyml.gpu.runtime import load_artifact
+    from polyml.gpu.load import load_artifact
 
     g, _ = _graph(tmp_path, testing.single_node_model("Relu", {"x": (2, 3)}))
     build_cuda_artifact(g, tmp_path / "a", check_ptxas=False)

@@ -22,6 +22,7 @@ from polyml.errors import UnsupportedError
 from polyml.frontends.onnx import from_onnx
 from polyml.graph import Node
 from polyml.kernels.conv import make_window
+from polyml.options import CodegenConfig
 from polyml.testing import compile_and_compare, rel_error
 from polyml.testing import single_node_model as node_model
 
@@ -192,15 +193,13 @@ GEMM_CASES = [
 
 
 def _choice(xs: tuple[int, ...], ws: tuple[int, ...], attrs: dict, conv: str = "auto", constant: bool = False,
-            threaded: bool = True) -> str:
+            threaded: bool = True, conv_inplace: str = "") -> str:
     """The plan's mode for a Conv of these shapes with the packed GEMM on (``conv`` choice), in a
-    build for more than one thread (``threaded``) or for one."""
-    from polyml.codegen import gemm as packed
+    build for more than one thread (``threaded``) or for one, ``conv_inplace`` as set."""
     from polyml.graph import TensorType
     from polyml.kernels.conv import _plan
 
-    with packed.packed_gemm(True, conv, threaded):
-        return _plan(Node("c", "Conv", ["x", "w"], ["y"], dict(attrs)), TensorType(xs), TensorType(ws), constant).mode
+    return _plan(CodegenConfig(packed=True, conv=conv, threaded=threaded, conv_inplace=conv_inplace), Node("c", "Conv", ["x", "w"], ["y"], dict(attrs)), TensorType(xs), TensorType(ws), constant).mode
 
 
 @pytest.mark.parametrize("xs,ws,attrs", GEMM_CASES, ids=[_id(c) for c in GEMM_CASES])
@@ -214,7 +213,8 @@ def test_conv_as_packed_gemm(xs, ws, attrs, threads, in_place, monkeypatch) -> N
     onnxruntime with bias, 1 and 2 threads."""
     monkeypatch.setenv("POLYML_CONV_INPLACE", "1" if in_place else "0")
     unpadded_1x1 = ws[2:] == (1, 1) and "pads" not in attrs
-    assert _choice(xs, ws, attrs, "gemm") == ("gemm_inplace" if in_place and not unpadded_1x1 else "gemm")
+    assert _choice(xs, ws, attrs, "gemm", conv_inplace="1" if in_place else "0") == (
+        "gemm_inplace" if in_place and not unpadded_1x1 else "gemm")
     w, b = params(ws)
     model = node_model("Conv", {"x": xs}, initializers={"w": w, "b": b}, **attrs)
     errs = compile_and_compare(model, x_feed(xs), threads=threads, conv="gemm")
@@ -366,9 +366,8 @@ def test_conv_choice_by_shape(monkeypatch) -> None:
     assert _choice((1, 2048, 7, 7), (512, 2048, 1, 1), {}, conv="gemm", constant=True) == "gemm"
     assert _choice((1, 64, 56, 56), (64, 64, 3, 3), {"pads": [1, 1, 1, 1]}, conv="direct") == "direct"
     assert _choice((1, 256, 28, 28), (128, 256, 1, 1), {}, conv="direct") == "pointwise"
-    with packed.packed_gemm(False):
-        assert conv._plan(Node("c", "Conv", ["x", "w"], ["y"], {}), TensorType((1, 256, 28, 28)),
-                          TensorType((128, 256, 1, 1))).mode == "pointwise"
+    assert conv._plan(CodegenConfig(packed=False), Node("c", "Conv", ["x", "w"], ["y"], {}), TensorType((1, 256, 28, 28)),
+                      TensorType((128, 256, 1, 1))).mode == "pointwise"
 
 
 @pytest.mark.parametrize("isa", ["avx512", "avx"])
@@ -481,7 +480,7 @@ def test_conv_in_place_gemm_per_channel_epilogue(c, act, monkeypatch) -> None:
                               [helper.make_empty_tensor_value_info("y")], inits)
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
     monkeypatch.setenv("POLYML_CONV_INPLACE", "1")  # in place on every ISA
-    assert _choice((1, c, h, h), (m, c, 3, 3), {"pads": [1, 1, 1, 1], "strides": [2, 2]}, "gemm") == "gemm_inplace"
+    assert _choice((1, c, h, h), (m, c, 3, 3), {"pads": [1, 1, 1, 1], "strides": [2, 2]}, "gemm", conv_inplace="1") == "gemm_inplace"
     for threads in (1, 2):
         errs = compile_and_compare(model, {"x": rng.standard_normal((1, c, h, h)).astype(np.float32)},
                                    threads=threads, conv="gemm", cache=False)

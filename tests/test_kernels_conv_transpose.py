@@ -10,11 +10,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from polyml.codegen import gemm as packed
 from polyml.errors import UnsupportedError
 from polyml.frontends.onnx import from_onnx
 from polyml.graph import Node, TensorType
 from polyml.kernels.conv_transpose import _plan, geometry
+from polyml.options import CodegenConfig
 from polyml.testing import compile_and_compare
 from polyml.testing import single_node_model as node_model
 
@@ -68,8 +68,7 @@ def _id(case) -> str:
 
 
 def _mode(xs, ws, attrs, conv: str) -> str:
-    with packed.packed_gemm(True, conv):
-        return _plan(Node("t", "ConvTranspose", ["x", "w"], ["y"], dict(attrs)), TensorType(xs), TensorType(ws)).mode
+    return _plan(CodegenConfig(packed=True, conv=conv), Node("t", "ConvTranspose", ["x", "w"], ["y"], dict(attrs)), TensorType(xs), TensorType(ws)).mode
 
 
 @pytest.mark.parametrize("conv", ["direct", "gemm"])
@@ -109,8 +108,7 @@ def test_conv_transpose_choice() -> None:
     assert _mode(*big, "direct") == "direct"
     assert _mode((1, 32, 9, 7), (32, 1, 3, 3), {"group": 32, "strides": [2, 2]}, "auto") == "direct"
     assert _mode((1, 1, 2, 2), (1, 1, 2, 2), {}, "auto") == "direct"
-    with packed.packed_gemm(False):
-        assert _plan(Node("t", "ConvTranspose", ["x", "w"], ["y"], {}), TensorType(big[0]), TensorType(big[1])).mode == "direct"
+    assert _plan(CodegenConfig(packed=False), Node("t", "ConvTranspose", ["x", "w"], ["y"], {}), TensorType(big[0]), TensorType(big[1])).mode == "direct"
 
 
 def test_conv_transpose_geometry() -> None:

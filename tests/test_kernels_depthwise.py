@@ -12,6 +12,7 @@ import pytest
 from onnx import TensorProto, helper
 
 from polyml.graph import Node, TensorType
+from polyml.options import CodegenConfig
 from polyml.testing import compile_and_compare
 
 TOL = 1e-5
@@ -140,15 +141,13 @@ def test_depthwise_rows_stored_from_registers(tmp_path) -> None:
     remainder); a chain reading a full-size input (a residual) keeps the crop loop."""
     import re
 
-    from polyml.codegen import gemm as packed
     from polyml.compiler import compile as polyml_compile
     from polyml.kernels._window import conv_window
     from polyml.kernels.depthwise import depthwise_plan
 
     node = Node("c", "Conv", ["x", "w"], ["y"], {"group": 8, "pads": [1, 1, 1, 1]})
     x, w = TensorType((1, 8, 28, 28)), TensorType((8, 1, 3, 3))
-    with packed.packed_gemm(True):
-        lanes = depthwise_plan(node, x, w, conv_window(node, x, w)).lanes
+    lanes = depthwise_plan(CodegenConfig(packed=True), node, x, w, conv_window(node, x, w)).lanes
     for chain, stores, row_pass in (("relu6", True, False), ("scale", True, True), ("residual", False, False)):
         path = tmp_path / f"{chain}.onnx"
         model = _dw_model((1, 8, 28, 28), (3, 3), {"pads": [1, 1, 1, 1]}, chain=chain)
@@ -166,7 +165,7 @@ def test_depthwise_rows_stored_from_registers(tmp_path) -> None:
 def test_depthwise_chain_in_registers(tmp_path, monkeypatch) -> None:
     """A ReLU6 after a depthwise convolution on planes narrower than a vector (flat planes)
     runs on the accumulator's vectors, not in a pass over the cropped output ("dw.chain") or
-    the accumulator ("dw.epi"); with the switch off (``POLYML_DW_REGISTER_EPILOGUE=0``) the pass
+    the accumulator ("dw.epi"); with the switch off (``REGISTER_CHAIN = False``) the pass
     after the crop is back.  Exact against onnxruntime either way."""
     from polyml.compiler import compile as polyml_compile
     from polyml.kernels import depthwise
@@ -189,15 +188,13 @@ def test_depthwise_interleaved_copy_choice() -> None:
     """Row-wise planes with a row stride, one plane at a time (larger than GROUP_FLOATS), copy
     their input rows as the output rows need them on AVX-512; unstrided rows and small planes
     copy whole planes first."""
-    from polyml.codegen import gemm as packed
     from polyml.kernels._window import conv_window
     from polyml.kernels.depthwise import GROUP_FLOATS, depthwise_plan
 
     def plan(size: int, stride: int):
         node = Node("c", "Conv", ["x", "w"], ["y"], {"group": 96, "pads": [1, 1, 1, 1], "strides": [stride] * 2})
         x, w = TensorType((1, 96, size, size)), TensorType((96, 1, 3, 3))
-        with packed.packed_gemm(True):
-            return depthwise_plan(node, x, w, conv_window(node, x, w))
+        return depthwise_plan(CodegenConfig(packed=True), node, x, w, conv_window(node, x, w))
 
     big = plan(112, 2)
     assert big.per_plane > GROUP_FLOATS and big.group == 1 and big.interleaved == (big.lanes == 16)
@@ -219,7 +216,6 @@ def test_depthwise_row_bands(xs, ks, attrs, cpus, monkeypatch) -> None:
     """Large row-wise planes split their output rows over the threads (each thread copies in
     the input rows its band reads, halos included); checked with 2 and 4 parts, uneven bands,
     unstrided (whole-band copy) and strided (interleaved copy) planes, fused chains."""
-    from polyml.codegen import gemm as packed
     from polyml.kernels._window import conv_window
     from polyml.kernels.depthwise import depthwise_plan
 
@@ -228,8 +224,7 @@ def test_depthwise_row_bands(xs, ks, attrs, cpus, monkeypatch) -> None:
     chain = attrs.pop("chain", "")
     node = Node("c", "Conv", ["x", "w"], ["y"], {"group": xs[1], **attrs})
     x, w = TensorType(xs), TensorType((xs[1], 1, *ks))
-    with packed.packed_gemm(True):
-        plan = depthwise_plan(node, x, w, conv_window(node, x, w))
+    plan = depthwise_plan(CodegenConfig(packed=True), node, x, w, conv_window(node, x, w))
     assert plan.parts == cpus and plan.row_bands == (plan.lanes == 16)
     errs = compile_and_compare(_dw_model(xs, ks, attrs, chain=chain), threads=cpus, cache=False)
     assert max(errs.values()) <= TOL, errs
@@ -237,7 +232,6 @@ def test_depthwise_row_bands(xs, ks, attrs, cpus, monkeypatch) -> None:
 
 def test_depthwise_row_bands_choice(monkeypatch) -> None:
     """Bands of at least BAND_MIN_ROWS rows, batch 1, row-wise planes, AVX-512; else planes."""
-    from polyml.codegen import gemm as packed
     from polyml.kernels._window import conv_window
     from polyml.kernels.depthwise import BAND_MIN_ROWS, depthwise_plan
 
@@ -246,8 +240,7 @@ def test_depthwise_row_bands_choice(monkeypatch) -> None:
     def plan(n: int, size: int, stride: int = 1):
         node = Node("c", "Conv", ["x", "w"], ["y"], {"group": 32, "pads": [1, 1, 1, 1], "strides": [stride] * 2})
         x, w = TensorType((n, 32, size, size)), TensorType((32, 1, 3, 3))
-        with packed.packed_gemm(True):
-            return depthwise_plan(node, x, w, conv_window(node, x, w))
+        return depthwise_plan(CodegenConfig(packed=True), node, x, w, conv_window(node, x, w))
 
     wide = plan(1, 2 * BAND_MIN_ROWS)
     assert wide.row_bands == (wide.lanes == 16) and wide.band == BAND_MIN_ROWS
@@ -265,14 +258,12 @@ def test_depthwise_no_bias_one_thread() -> None:
 def test_depthwise_plan_choice() -> None:
     """Depthwise 2-D convolutions take the path in host builds unless conv=direct; grouped
     (not depthwise), channel-multiplier and 1-D ones keep the nests; the geometry is exact."""
-    from polyml.codegen import gemm as packed
     from polyml.kernels.conv import _plan
     from polyml.kernels.depthwise import depthwise_plan
 
     def mode(xs, ws, conv="auto", on=True, **attrs):
         node = Node("c", "Conv", ["x", "w"], ["y"], {"group": attrs.pop("group", xs[1]), **attrs})
-        with packed.packed_gemm(on, conv):
-            return _plan(node, TensorType(xs), TensorType(ws)).mode
+        return _plan(CodegenConfig(packed=on, conv=conv), node, TensorType(xs), TensorType(ws)).mode
 
     assert mode((1, 32, 14, 14), (32, 1, 3, 3), pads=[1, 1, 1, 1]) == "depthwise"
     assert mode((1, 32, 14, 14), (32, 1, 3, 3), conv="direct", pads=[1, 1, 1, 1]) != "depthwise"
@@ -284,8 +275,7 @@ def test_depthwise_plan_choice() -> None:
     from polyml.kernels._window import conv_window
 
     x, w = TensorType((1, 8, 14, 14)), TensorType((8, 1, 3, 3))
-    with packed.packed_gemm(True):
-        plan = depthwise_plan(node, x, w, conv_window(node, x, w))
+    plan = depthwise_plan(CodegenConfig(packed=True), node, x, w, conv_window(node, x, w))
     # padded 15x15 (the last pad row/column is never read) split into 2x2 phases of 8x8
     assert (plan.rows, plan.pitch) == (8, 8)
     assert plan.flat % plan.lanes == 0 and plan.flat >= 7 * 8
@@ -297,8 +287,7 @@ def test_depthwise_plan_choice() -> None:
     # 56x56 3x3/2: 28-wide output rows, computed row by row; the phase pitch (29) rounded up
     # to whole vectors so each row starts aligned, the accumulator one row
     x, w = TensorType((1, 8, 56, 56)), TensorType((8, 1, 3, 3))
-    with packed.packed_gemm(True):
-        plan = depthwise_plan(node, x, w, conv_window(node, x, w))
+    plan = depthwise_plan(CodegenConfig(packed=True), node, x, w, conv_window(node, x, w))
     assert plan.rowwise and plan.pitch == -(-29 // plan.lanes) * plan.lanes
     assert plan.acc_floats == -(-28 // plan.lanes) * plan.lanes
     assert plan.in_floats % plan.lanes == 0 and plan.per_plane == plan.in_floats + plan.acc_floats

@@ -570,10 +570,9 @@ def test_scratch_covers_the_block_layout() -> None:
         assert igemm.scratch_bytes(spec, blk, share, 25) >= layout
 
 
-def test_integer_blocking_override_errors(monkeypatch) -> None:
+def test_integer_blocking_override_errors() -> None:
     from polyml.codegen.igemm import blocking_for_host
 
     for bad in ("avx9", "madd,kc=6", "madd,nr=20", "madd,kc"):
-        monkeypatch.setenv("POLYML_IGEMM", bad)
         with pytest.raises(PolymlError, match="POLYML_IGEMM"):
-            blocking_for_host()
+            blocking_for_host(override=bad)

@@ -435,7 +435,7 @@ def test_edge_columns_split() -> None:
     """The last column panel's tail: a narrow kernel where it holds the tail whole and costs no
     more, else the column kernel on the columns past a narrower one (a 7x7 map's 17 columns in
     32-column panels: 16 + 1; a 14x14 map's 4: four columns); none past 12 columns or where a
-    column of the tile needs more than two vectors; POLYML_GEMM_COLUMNS=0 turns it off."""
+    column of the tile needs more than two vectors; ``gemm.COLUMN_KERNEL_MAX = 0`` turns it off."""
     from polyml.codegen.gemm import edge_columns, host_blocking
 
     wide, narrow = host_blocking("+avx512f,+fma"), host_blocking("+avx2,+fma")
@@ -484,7 +484,7 @@ def test_in_place_tail_tiles(blocking: str | None, monkeypatch) -> None:
     if blocking:
         monkeypatch.setenv("POLYML_GEMM_BLOCKING", blocking)
     monkeypatch.setenv("POLYML_CONV_INPLACE", "1")
-    nr = blocking_for_host().nr
+    nr = blocking_for_host(blocking or "").nr
     rng = np.random.default_rng(6)
     for xs, ws, attrs in (((1, 3, 12, 224), (20, 3, 3, 3), {"strides": [2, 2]}),
                           ((1, 3, 12, 224), (13, 3, 3, 3), {"strides": [2, 2], "pads": [1, 1, 1, 1]}),
@@ -566,11 +566,10 @@ def test_edge_kernels_scops_export(tmp_path) -> None:
     assert list((tmp_path / "build" / "jscop").glob("*.jscop"))
 
 
-def test_gemm_blocking_override_errors(monkeypatch) -> None:
+def test_gemm_blocking_override_errors() -> None:
     from polyml.codegen.gemm import blocking_for_host
     from polyml.errors import PolymlError
 
     for bad in ("mr=x", "nr=20", "width=5,nr=20", "kc=0", "nc_wide=-1", "depth=3"):
-        monkeypatch.setenv("POLYML_GEMM_BLOCKING", bad)
         with pytest.raises(PolymlError, match="POLYML_GEMM_BLOCKING"):
-            blocking_for_host()
+            blocking_for_host(bad)

@@ -15,6 +15,7 @@ import pytest
 from onnx import TensorProto, helper
 
 from polyml.graph import Node, TensorType
+from polyml.options import CodegenConfig
 from polyml.testing import compile_and_compare
 
 #: max|Δ|/max|ref| against onnxruntime per tile size (F(4x4)'s transforms round more)
@@ -119,24 +120,21 @@ def test_winograd_choice(isa, monkeypatch) -> None:
     (AVX-512: F(4x4) on big maps, F(2x2) from 12x12 with 48+ channels, on 7x7 only in
     one-thread builds; AVX2: F(4x4) from 13x13, F(2x2) on 7x7 and from 16 channels); strided,
     dilated, grouped, computed-weight and conv=gemm/direct builds keep the GEMM or nests."""
-    from polyml.codegen import gemm as packed
     from polyml.kernels import _window
     from polyml.kernels.conv import _plan
 
     monkeypatch.setattr(_window, "_isa", lambda: isa)
-    monkeypatch.delenv("POLYML_WINOGRAD", raising=False)
-    monkeypatch.setenv("POLYML_CONV_INPLACE", "1")  # the GEMM's fallback mode alike on every ISA
 
-    def mode(c, h, k, conv="auto", constant=True, threaded=True, **attrs):
+    def mode(c, h, k, conv="auto", constant=True, threaded=True, winograd="", **attrs):
         node = Node("c", "Conv", ["x", "w"], ["y"], {"pads": [1, 1, 1, 1], **attrs})
-        with packed.packed_gemm(True, conv, threaded):
-            plan = _plan(node, TensorType((1, c, h, h)), TensorType((k, c // attrs.get("group", 1), 3, 3)), constant)
+        # conv_inplace: the GEMM's fallback mode alike on every ISA
+        config = CodegenConfig(packed=True, conv=conv, threaded=threaded, winograd=winograd, conv_inplace="1")
+        plan = _plan(config, node, TensorType((1, c, h, h)), TensorType((k, c // attrs.get("group", 1), 3, 3)), constant)
         if plan.mode != "winograd":
             return plan.mode
         from polyml.kernels.winograd import winograd_plan
 
-        with packed.packed_gemm(True, conv, threaded):
-            return f"F{winograd_plan(node, TensorType((1, c, h, h)), TensorType((k, c, 3, 3)), plan.win).m}"
+        return f"F{winograd_plan(config, node, TensorType((1, c, h, h)), TensorType((k, c, 3, 3)), plan.win).m}"
 
     assert mode(64, 56, 64) == "F4"
     if isa == "avx512":
@@ -162,8 +160,7 @@ def test_winograd_choice(isa, monkeypatch) -> None:
     assert mode(64, 56, 64, strides=[2, 2]) == "gemm_inplace"
     assert mode(64, 56, 64, dilations=[2, 2], pads=[2, 2, 2, 2]) == "gemm_inplace"
     assert mode(64, 56, 64, group=2) != "winograd"
-    monkeypatch.setenv("POLYML_WINOGRAD", "x")
     from polyml.errors import PolymlError
 
     with pytest.raises(PolymlError, match="POLYML_WINOGRAD"):
-        mode(64, 56, 64)
+        mode(64, 56, 64, winograd="x")

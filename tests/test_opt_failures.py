@@ -1,9 +1,9 @@
 """``polyml opt`` failures a researcher can act on.
 
-* The suite's in-place LU through ``--passes tile`` used to abort opt while importing: the
-  harness's ``affine_finish`` has two va_arg SCoPs that the pipeline left unchanged but polyml
-  imported anyway; after generating the first, Polly re-analyses the second and it no longer
-  matches the exported file.  Unchanged SCoPs are no longer imported; LU runs and matches -O3.
+* The suite's in-place LU through ``--passes tile``: the harness's ``affine_finish`` has two
+  va_arg SCoPs that the pipeline leaves unchanged; importing them aborts opt, as after
+  generating the first Polly re-analyses the second and it does not match the exported file.
+  Unchanged SCoPs are not imported, so LU runs and matches -O3.
 * When opt does fail (forced here with the ``identity`` round trip, which does re-import them),
   polyml shows opt's own message, not its backtrace, and keeps the IR, the JSCoPs and a command
   that reproduces the failure in ``failed/`` next to ``-o``.
@@ -24,8 +24,7 @@ import pytest
 
 from polyml import affine_suite as A
 from polyml.cli import main
-from polyml.driver.build import tool_message
-from polyml.driver.toolchain import tool
+from polyml.driver.toolchain import tool, tool_message
 from polyml.scop import importable
 from polyml.scop import jscop as J
 

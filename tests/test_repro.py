@@ -139,3 +139,35 @@ def test_artifact_sha256_definition() -> None:
     assert artifact.artifact_sha256({**m, "seconds": {"lower": 9.0}, "model": {**m["model"], "path": "/y"}}) == h
     assert artifact.artifact_sha256({**m, "files": {"model.so": "01"}}) != h
     assert artifact.artifact_sha256({**m, "options": {"threads": 1}}) != h
+
+
+def _matmul_model(path: Path) -> Path:
+    """y = x @ W, 64x256 @ 256x96: a product the packed GEMM takes, blocked by ``POLYML_GEMM_BLOCKING``."""
+    import numpy as np
+    from onnx import TensorProto, helper, numpy_helper
+
+    w = numpy_helper.from_array(np.random.default_rng(0).standard_normal((256, 96)).astype(np.float32), "w")
+    graph = helper.make_graph([helper.make_node("MatMul", ["x", "w"], ["y"])], "mm",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [64, 256])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [64, 96])], [w])
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), str(path))
+    return path
+
+
+def test_from_manifest_rebuilds_with_the_recorded_settings(tmp_path, monkeypatch, capsys) -> None:
+    """A build made with a code-changing setting in the environment records it in its manifest;
+    ``--from-manifest`` without the variable rebuilds the same bytes from the record, and they
+    differ from a default build's (so the setting did change the code)."""
+    model = _matmul_model(tmp_path / "mm.onnx")
+    monkeypatch.setenv("POLYML_GEMM_BLOCKING", "kc=32")
+    polyml.compile(model, tmp_path / "set", cache=False)
+    monkeypatch.delenv("POLYML_GEMM_BLOCKING")
+    recorded = _manifest(tmp_path / "set")
+    assert recorded["options"]["settings"] == {"POLYML_GEMM_BLOCKING": "kc=32"}
+    assert recorded["gemm_blocking"]["kc"] == 32
+    assert cli.main(["build", "--from-manifest", str(tmp_path / "set" / "manifest.json"), "-o", str(tmp_path / "re")]) == 0
+    assert "no difference" in capsys.readouterr().err
+    assert (tmp_path / "re" / "model.so").read_bytes() == (tmp_path / "set" / "model.so").read_bytes()
+    polyml.compile(model, tmp_path / "default", cache=False)
+    assert _manifest(tmp_path / "default")["options"]["settings"] == {}
+    assert (tmp_path / "default" / "model.so").read_bytes() != (tmp_path / "set" / "model.so").read_bytes()

@@ -21,6 +21,7 @@ import numpy as np
 
 from polyml.codegen import vmath
 from polyml.graph import Node, TensorType
+from polyml.options import CodegenConfig
 
 I64 = ir.IntType(64)
 I32 = ir.IntType(32)
@@ -253,6 +254,8 @@ class KernelBuilder:
         self._depth = 0
         #: whether parallel_loop may distribute work over OpenMP threads
         self.parallel = parallel
+        #: the build's code generation choices (the lowering sets the build's)
+        self.config = CodegenConfig()
         self._buffers: list[Buffer] = []
         self._par_count = 0
         #: top-level loop nests emitted so far (reported as the manifest's ``loop_nests``)

@@ -17,7 +17,7 @@ contiguous panels, unroll-and-jam the register tile), written out by polyml itse
 
 Polly's pattern path cannot take these liberties (it matches only ``C[i][j] += A[i][k] *
 B[k][j]`` alone in its statement, and at LLVM 19 its tuned variant miscompiled large products,
-issue 7), so products that reach this module are compiled with the plain ``-O3`` policy.  Nor
+:func:`polyml.driver.flags.polly_gemm_flags`), so products that reach this module are compiled with the plain ``-O3`` policy.  Nor
 can polyml's JSCoP layer express it: a JSCoP import may change schedules and access relations
 (and declare new arrays for them) but cannot add statements, and packing is two new copy
 statements per block; the register tile additionally needs its accumulators promoted to
@@ -30,13 +30,11 @@ import hashlib
 import math
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from contextvars import ContextVar
 from dataclasses import dataclass, replace
 
 import llvmlite.ir as ir
 import numpy as np
 
-from polyml import options
 from polyml.codegen.builder import (
     F32,
     I64,
@@ -52,39 +50,6 @@ from polyml.codegen.builder import (
 from polyml.errors import PolymlError
 
 F32P = F32.as_pointer()
-
-#: whether the lowering in progress may use the packed GEMM: only a host (CPU) lowering that
-#: asks for it (``Options.gemm``, :func:`polyml.codegen.lower.lower_graph`); the GPU lowering
-#: and the SCoP tools keep the plain nests.  Kernels ask :func:`enabled`.
-_ENABLED: ContextVar[tuple[bool, str, bool]] = ContextVar("polyml_packed_gemm", default=(False, "auto", True))
-
-
-def enabled() -> bool:
-    return _ENABLED.get()[0]
-
-
-def conv_choice() -> str:
-    """How convolutions choose between the packed GEMM and their direct nests: ``auto`` (by
-    shape, :func:`polyml.kernels.conv.prefer_gemm`), ``gemm`` (wherever eligible), ``direct``."""
-    return _ENABLED.get()[1]
-
-
-def threaded() -> bool:
-    """Whether the ops being lowered may split their loops over threads (a build for more than
-    one): some choices between the GEMM and direct nests differ by thread count."""
-    return _ENABLED.get()[2]
-
-
-@contextmanager
-def packed_gemm(on: bool, conv: str = "auto", threaded: bool = True) -> Iterator[None]:
-    """Within the block, kernels use the packed GEMM only if ``on``; convolutions as ``conv``
-    says; ``threaded``: the build runs ops on more than one thread."""
-    token = _ENABLED.set((on, conv, threaded))
-    try:
-        yield
-    finally:
-        _ENABLED.reset(token)
-
 
 #: ``load(builder, pointers, row, col) -> float``: one element of an operand, where ``pointers``
 #: are the block function's operand arguments (``float*``) and row/col ``i64`` values in range
@@ -196,9 +161,8 @@ class RegisterEpilogue:
         return v
 
 
-#: full register tiles apply a :class:`RegisterEpilogue` in registers (``POLYML_GEMM_REGISTER_EPILOGUE=0``:
-#: the epilogue pass on C, for A/B measurements)
-REGISTER_EPILOGUE = options.value("POLYML_GEMM_REGISTER_EPILOGUE")
+#: full register tiles apply a :class:`RegisterEpilogue` in registers (False: the epilogue pass on C)
+REGISTER_EPILOGUE = True
 
 
 @dataclass
@@ -267,7 +231,7 @@ def packs_a(spec: GemmSpec) -> bool:
 def kc_for(k: int, kc: int, step: int = 1) -> int:
     """The reduction block for ``K`` under a limit of ``kc``: the fewest blocks, of equal size
     (a multiple of ``step``), so that no short last block reads and writes C again for little
-    work (sixteenth session, 1x1 512->128 @28 with ReLU, 1 thread: 384 + 128 → 256 + 256, 0.95x
+    work (1x1 512->128 @28 with ReLU, 1 thread: 384 + 128 → 256 + 256, 0.95x
     the time; K = 1152 of a 3x3 over 128 channels: 3 × 378 + 18 → 4 × 288).  The integer
     GEMM's blocks too (:func:`polyml.codegen.igemm.kc_for`)."""
     kc = max(step, kc // step * step)
@@ -303,34 +267,32 @@ def block_nc(spec: GemmSpec, blk: Blocking) -> int:
     return blk.nc
 
 
-#: a product of a pre-packed A of at most this many rows (``POLYML_GEMM_THIN_ROWS``, 0: none,
-#: for A/B measurements) packs B in blocks of :data:`THIN_B_BLOCK_BYTES` (at least two
-#: panels; AVX-512).  Eighteenth session, per step of whole models, minimum of 15-30, new / the
+#: a product of a pre-packed A of at most this many rows (0: none) packs B in blocks of :data:`THIN_B_BLOCK_BYTES` (at least two
+#: panels; AVX-512).  Per step of whole models, minimum of 15-30, these blocks / the
 #: L2 block of 672 columns: at 2 threads SqueezeNet's 64->16 and 128->16 @55 0.69-0.84,
 #: 256->48 and 384->48 @13 0.93; at 1 thread its 128->16 0.83-0.90.  Fixed 64-column blocks
-#: first: ResNet-50's 256->64 @56 0.86-0.94, 64->64 @56 0.90; Inception-v1's 512->24 @13
+#: instead: ResNet-50's 256->64 @56 0.86-0.94, 64->64 @56 0.90; Inception-v1's 512->24 @13
 #: 0.87-0.91, 832->48 @6 0.82; but SqueezeNet's 16->64 @55 1.10-1.20 (K = 16: a 4 KiB block),
 #: hence the byte budget.  Whole models' GEMM steps in sum: MobileNetV2 0.98 (2 threads) and
 #: 1.01 (1), ShuffleNet 0.96 / 0.95, EfficientNet-B0 0.98 / 0.99, DenseNet-121 0.99 (1)
-THIN_A_ROWS = options.value("POLYML_GEMM_THIN_ROWS")
-THIN_B_BLOCK_BYTES = options.value("POLYML_GEMM_THIN_BYTES")
+THIN_A_ROWS = 64
+THIN_B_BLOCK_BYTES = 32 << 10
 
 
 #: reductions up to this long run the register tiles row panel by row panel (``ir`` outside
 #: ``jr``): their B micro-panels are small enough to re-read from L1/L2, and C is written as
 #: ``mr`` sequential streams instead of one per row of the ``mc`` block (see :func:`rows_outer`;
-#: tenth session, AVX2, steps of whole models interleaved, 1 thread, minimum of 18: 1x1 16->96
+#: AVX2, steps of whole models interleaved, 1 thread, minimum of 18: 1x1 16->96
 #: @112 0.83-0.85x (MobileNetV2), 0.95x with SiLU (EfficientNet-B0); 24->144 @56, 32->192 @28
 #: and 32->16 @112 within 3 %).  AVX-512's 12 x 32 tile (:data:`ROWS_OUTER_MAX_K_WIDE`) keeps it
 #: longer
 ROWS_OUTER_MAX_K = 32
-#: ... on AVX-512 hosts (32-column tiles): fifteenth session, Sapphire Rapids class host,
+#: ... on AVX-512 hosts (32-column tiles): Sapphire Rapids class host,
 #: ResNet-50's steps at 1 thread, ``ir`` outside / inside: 1x1 64->256 @56 0.87-0.94, 128->512
 #: @28 0.94-0.97, 256->64 and 256->128 @56 0.97-0.99, 512->128 @28 0.99-1.03; whole models
 #: alternated (minimum / median): ResNet-50 0.96 / 0.95 at 1 thread and 0.97 / 0.95 at 2,
 #: Inception-v2 0.99 / 0.97 and DenseNet-121 0.98 / 0.98 at 2, MobileNetV2 1.00 / 1.02 at 2
-#: (``POLYML_GEMM_ROWS_OUTER_K`` sets it, for A/B measurements)
-ROWS_OUTER_MAX_K_WIDE = options.value("POLYML_GEMM_ROWS_OUTER_K")
+ROWS_OUTER_MAX_K_WIDE = 512
 
 
 def rows_outer(spec: GemmSpec, blk: Blocking) -> bool:
@@ -599,8 +561,8 @@ def narrow_kernels(module: ir.Module, blk: Blocking, attrs: Sequence[str], lda: 
     kernel runs on SSE registers, whose FMA is one micro-op where a 256-bit one is two on
     128-bit FMA units (Zen 1).  Called on a branch, not through a selected pointer (an
     indirect call: no gain measured).  MobileNetV2 at 1 thread, AVX2 (Zen 1), per step, minimum
-    of 20: half width with / without (eleventh session) every 1x1 @7x7 0.91-0.92, @14x14
-    0.94-0.98; the narrowest / half width (twelfth) @7x7 0.94-0.95, @14x14 0.98-0.99."""
+    of 20: half width with / without every 1x1 @7x7 0.91-0.92, @14x14
+    0.94-0.98; the narrowest / half width @7x7 0.94-0.95, @14x14 0.98-0.99."""
     cols = blk.nr
     while cols // 2 >= max(tail, NARROW_MIN_LANES):
         cols //= 2
@@ -611,9 +573,9 @@ def narrow_kernels(module: ir.Module, blk: Blocking, attrs: Sequence[str], lda: 
                   *([micro_kernel(module, narrow, attrs, lda, b_pitch=blk.nr)] if lda else []))
 
 
-#: most tail columns :func:`column_kernel` takes (``POLYML_GEMM_COLUMNS=0``: none, the last
-#: panel's columns by :func:`narrow_kernels` alone, for A/B measurements)
-COLUMN_KERNEL_MAX = options.value("POLYML_GEMM_COLUMNS")
+#: most tail columns :func:`column_kernel` takes (0: none, the last panel's columns by
+#: :func:`narrow_kernels` alone)
+COLUMN_KERNEL_MAX = 12
 
 
 def edge_columns(blk: Blocking, tail: int) -> tuple[int, int]:
@@ -1054,9 +1016,8 @@ def _store_in_place_tile(b: ir.IRBuilder, spec: GemmSpec, ops: Sequence[ir.Value
                         edge()
 
 
-#: :func:`in_place_tail` (``POLYML_INPLACE_TAIL=0``: off, rows on the natural pitch, for A/B
-#: measurements)
-IN_PLACE_TAIL = options.value("POLYML_INPLACE_TAIL")
+#: :func:`in_place_tail` (False: rows on the natural pitch)
+IN_PLACE_TAIL = True
 #: output rows of at least this many register tiles take :func:`in_place_tail`'s aligned rows
 #: (narrower ones would pad a larger share of each row)
 IN_PLACE_TAIL_MIN_TILES = 2
@@ -1154,26 +1115,24 @@ def _tile_epilogue(b: ir.IRBuilder, spec: GemmSpec, ops: Sequence[ir.Value], las
                 b.store(spec.epilogue(b, ops, i, j, b.load(dst)), dst)
 
 
-#: rows ahead whose runs :func:`_pack_b_rows` prefetches (``POLYML_PACK_PREFETCH``, 0: none,
-#: for A/B measurements).  A row's run in the block is ``nc`` floats, a few cache lines: too short
+#: rows ahead whose runs :func:`_pack_b_rows` prefetches (0: none).  A row's run in the block is ``nc`` floats, a few cache lines: too short
 #: a stream for the hardware prefetcher to get ahead of, so the packing of an input that has
-#: left L2 waited on every row.  Twelfth session, Zen 1, MobileNetV2 at 1 thread, per step,
+#: left L2 waited on every row.  Zen 1, MobileNetV2 at 1 thread, per step,
 #: minimum of 20, 8 rows ahead / none: 96->24 @56 0.84, 144->24 @56 0.91, the rest within 3 %
 #: (4 and 16 rows ahead: within noise of 8)
-PACK_PREFETCH_ROWS = options.value("POLYML_PACK_PREFETCH")
+PACK_PREFETCH_ROWS = 8
 
 
-#: micro-kernels prefetch their C tile before the reduction (``POLYML_C_PREFETCH=0`` to
-#: compare; fourteenth session, Zen 1: 2048³ MatMul 0.98-0.99x the time at 1 and 2 threads,
+#: micro-kernels prefetch their C tile before the reduction (Zen 1: 2048³ MatMul 0.98-0.99x the time at 1 and 2 threads,
 #: MobileNetV2's 1x1 steps 0.99x in sum, 96→24 @56 0.89x, none slower)
-C_PREFETCH = options.value("POLYML_C_PREFETCH")
+C_PREFETCH = True
 #: floats ahead of the current step at which micro-kernels reading a packed A panel prefetch
-#: it (``POLYML_A_PREFETCH``, 0: none): the next panels of a pre-packed A (the weights) come
+#: it (0: none): the next panels of a pre-packed A (the weights) come
 #: from memory, a stream the hardware prefetcher runs too late for the kernel's pace.
-#: Seventeenth session, ResNet-50 at 2 threads, whole model alternated: 192, 384, 768 floats
+#: ResNet-50 at 2 threads, whole model alternated: 192, 384, 768 floats
 #: 0.96, 0.95, 0.95 (512->2048 @7x7 steps 0.82, Winograd's products 0.82-0.95); 512->2048
 #: @7x7 alone after a cache flush 0.90-0.92
-A_PREFETCH = options.value("POLYML_A_PREFETCH")
+A_PREFETCH = 384
 
 
 def _prefetch(b: ir.IRBuilder, ptr: ir.Value, write: bool = False) -> None:
@@ -1190,7 +1149,7 @@ def _pack_b_rows(b: ir.IRBuilder, spec: GemmSpec, ops: Sequence[ir.Value], b_pac
     """B[pc:pc+kc, jc:jc+nc] into its ``nr``-wide panels row by row: each row of the block is
     one contiguous run of B (a prefetched stream) scattered over the panels, where panel by
     panel reads ``kc`` rows of B one cache line each.  The last, partial panel by
-    :func:`_pack_b_panel`.  (Eleventh session, MobileNetV2 at 1 thread, per step, minimum of
+    :func:`_pack_b_panel`.  (MobileNetV2 at 1 thread, per step, minimum of
     10: the 1x1 projections after a depthwise layer, whose input has just left L2, 96->24 @56
     0.81, 144->24 @56 0.86, 144->32 @28 0.90; on 14x14 and 7x7 maps within 5 %.)"""
     whole = b.sdiv(nc, _c(nr))
@@ -1299,8 +1258,9 @@ def scratch_floats(spec: GemmSpec, blk: Blocking, parts: int) -> int:
     return max(sizes)
 
 
-def blocking_for_host() -> Blocking:
-    """:func:`host_blocking` for this machine's target features and caches."""
+def blocking_for_host(override: str = "") -> Blocking:
+    """:func:`host_blocking` for this machine's target features and caches; ``override``
+    (:attr:`polyml.options.CodegenConfig.gemm_blocking`) sets any of its sizes."""
     from polyml.driver.toolchain import host_target, target_data_caches
 
     caches = target_data_caches()
@@ -1308,7 +1268,6 @@ def blocking_for_host() -> Blocking:
     l2 = caches.get(2, (1 << 20, 16))[0]
     l3 = caches.get(3, (32 << 20, 16))[0]
     blk = host_blocking(host_target().features, l1, l2, l3)
-    override = options.raw("POLYML_GEMM_BLOCKING")
     # experiments: "mr=12,nr=32,mc=480,kc=192,nc=1344" (any subset; kc_wide, nc_wide, width=8, fma=0 too)
     if override:
         try:

@@ -33,7 +33,6 @@ from dataclasses import dataclass
 import llvmlite.ir as ir
 import numpy as np
 
-from polyml import options
 from polyml.codegen.builder import F32, I64, Buffer, KernelBuilder, splat, vector_fma
 from polyml.codegen.gemm import F32P, Epilogue, _c, _function, _min, _prefetch, for_range, tile_loop
 
@@ -42,19 +41,18 @@ CHANNELS = 32
 WIDTH = 16
 #: most positions per tile: 2 accumulators each + 2 weight vectors + 1 broadcast ≤ 32 zmm
 MAX_ROWS = 14
-#: whether rows of at most MAX_ROWS / 2 positions are stacked two to a tile
-#: (``POLYML_ROWS_STACK=0``: one output row per tile, for A/B measurements)
-STACK = options.value("POLYML_ROWS_STACK")
-#: reduction steps ahead whose source run the micro-kernel prefetches (``POLYML_ROWS_PREFETCH``;
-#: 0: none)
-PREFETCH_AHEAD = options.value("POLYML_ROWS_PREFETCH")
+#: whether rows of at most MAX_ROWS / 2 positions are stacked two to a tile (False: one output
+#: row per tile)
+STACK = True
+#: reduction steps ahead whose source run the micro-kernel prefetches (0: none)
+PREFETCH_AHEAD = 24
 #: reduction steps ahead whose weight lines the micro-kernel prefetches
-#: (``POLYML_ROWS_WEIGHTS_PREFETCH``; 0: none): a tile reads its whole weight panel, which
+#: (0: none): a tile reads its whole weight panel, which
 #: comes from memory for the first tile and from L2 after, faster than the hardware prefetcher
-#: brings it.  Seventeenth session, ResNet-50 at 2 threads, alternated, 8 / 16 steps / none:
+#: brings it.  ResNet-50 at 2 threads, alternated, 8 / 16 steps / none:
 #: the model 0.96 / 0.97 (its 3x3 512 @7x7 steps 0.77-0.78, 2048->512 @7x7 0.81-0.82,
 #: 1024->256 @14x14 0.94-0.96)
-WEIGHTS_AHEAD = options.value("POLYML_ROWS_WEIGHTS_PREFETCH")
+WEIGHTS_AHEAD = 8
 
 
 @dataclass(frozen=True)

@@ -47,7 +47,6 @@ from dataclasses import dataclass, replace
 import llvmlite.ir as ir
 import numpy as np
 
-from polyml import options
 from polyml.codegen.builder import I32, I64, Buffer, KernelBuilder, splat
 from polyml.codegen.gemm import _c, _function, _min, _round_up, add_edge_tile, for_range, tile_loop
 from polyml.codegen.gemm import kc_for as float_kc_for
@@ -150,8 +149,9 @@ def host_iblocking(features: str, l1: int = 32 << 10, l2: int = 1 << 20, variant
 ROW_TILES = (12, 8)
 
 
-def blocking_for_host(m: int | None = None) -> IBlocking:
-    """:func:`host_iblocking` for this machine; ``POLYML_IGEMM`` forces a micro-kernel for
+def blocking_for_host(m: int | None = None, override: str = "") -> IBlocking:
+    """:func:`host_iblocking` for this machine; ``override`` (``POLYML_IGEMM``,
+    :attr:`polyml.options.CodegenConfig.igemm`) forces a micro-kernel for
     tests and experiments: ``vnni``, ``madd`` (same width as the host's), ``madd8`` (the AVX2
     6 × 16 tile on 8 lanes), optionally followed by ``,mr=..,nr=..,kc=..,mc=..,nc=..``."""
     from polyml.driver.toolchain import host_target, target_data_caches
@@ -161,7 +161,7 @@ def blocking_for_host(m: int | None = None) -> IBlocking:
     l2 = caches.get(2, (1 << 20, 16))[0]
     features = host_target().features
     blk = host_iblocking(features, l1, l2)
-    override = options.raw("POLYML_IGEMM").strip()
+    override = override.strip()
     if not override:
         return _rows_tile(blk, m)
     kind, *rest = [s.strip() for s in override.split(",")]
@@ -234,7 +234,8 @@ class IGemmSpec:
     #: padded to whole register tiles); operand 1 is X pre-packed (:func:`prepack_x`, the
     #: weights as the columns)
     w_rows: tuple[ir.GlobalVariable, ir.GlobalVariable] | None = None
-    #: the blocking (default: :func:`blocking_for_host` of M)
+    #: the blocking (:func:`blocking_for_host` of M and ``CodegenConfig.igemm``); :func:`emit`
+    #: requires it (None only for specs that merely size scratch or blocks)
     blocking: IBlocking | None = None
 
     def __post_init__(self) -> None:
@@ -735,15 +736,15 @@ PARALLEL_MIN_MACS = 1 << 20
 PANEL_PACK_TILES = 0.5
 
 
-def plan(count: int, m: int, n: int, k: int, parallel: bool = True, blk: IBlocking | None = None,
+def plan(count: int, m: int, n: int, k: int, parallel: bool = True, *, blk: IBlocking,
          packs_x: bool = True) -> IPlan:
     """Threads and shares for ``count`` products of ``M×K · K×N``: the split (rows or columns,
     whole register tiles) and number of shares per product that minimize the busiest thread's
     work (ties: fewer shares, columns first): its register tiles, plus, where X is packed
     (``packs_x``), the panels it packs, :data:`PANEL_PACK_TILES` tiles each — a row split
     packs every panel in each share (a 1x1 192 -> 32 conv at 28x28 split its 4 row tiles and
-    ran 1.03x faster on 2 threads than on one)."""
-    blk = blk or blocking_for_host(m)
+    ran 1.03x faster on 2 threads than on one).  ``blk``: the products' blocking
+    (:func:`blocking_for_host` of M and the build's ``CodegenConfig.igemm``)."""
     threads = (os.cpu_count() or 1) if parallel and count * m * n * k >= PARALLEL_MIN_MACS else 1
     best = None
     for dim, total, q in (("n", n, blk.nr), ("m", m, blk.mr)):
@@ -763,16 +764,15 @@ def plan(count: int, m: int, n: int, k: int, parallel: bool = True, blk: IBlocki
     return IPlan(blk, dim, share, shares, max(1, min(threads, count * shares)), per)
 
 
-def scratch_size(count: int, m: int, n: int, k: int, parallel: bool = True, packs_x: bool = True,
-                 blk: IBlocking | None = None) -> int:
-    """Bytes of the scratch :func:`emit` needs."""
-    p = plan(count, m, n, k, parallel, blk, packs_x=packs_x)
+def scratch_size(count: int, m: int, n: int, k: int, parallel: bool = True, packs_x: bool = True, *,
+                 blk: IBlocking) -> int:
+    """Bytes of the scratch :func:`emit` needs (``blk``: the spec's blocking)."""
+    p = plan(count, m, n, k, parallel, blk=blk, packs_x=packs_x)
     return p.slots * p.per
 
 
-def needs_c(k: int, blk: IBlocking | None = None) -> bool:
+def needs_c(k: int, blk: IBlocking) -> bool:
     """Whether a product with this reduction needs an int32 C array (more than one block)."""
-    blk = blk or blocking_for_host(None)
     return kc_for(k, blk) < k
 
 
@@ -783,7 +783,9 @@ def emit(k: KernelBuilder, spec: IGemmSpec, operands: Sequence[Buffer], c: Buffe
     it is shared), the products cut and dealt to OpenMP threads as :func:`plan` says; each
     unit is one call of the block function with its base pointers and row/column range."""
     count = math.prod(batch)
-    p = plan(count, spec.m, spec.n, spec.k, k.parallel, spec.blocking,
+    if spec.blocking is None:
+        raise ValueError(f"{k.node.label}: IGemmSpec without a blocking (blocking_for_host(m, config.igemm))")
+    p = plan(count, spec.m, spec.n, spec.k, k.parallel, blk=spec.blocking,
              packs_x=spec.x_offsets is None and spec.w_rows is None)
     if scratch.type.nbytes < p.slots * p.per:
         raise AssertionError(f"{k.node.label}: integer GEMM scratch {scratch.type.nbytes} B < {p.slots} x {p.per}")

@@ -35,6 +35,7 @@ from polyml.errors import PolymlError
 from polyml.flops import node_flops
 from polyml.graph import Graph, Node, TensorType
 from polyml.kernels import Kernel, Operand, registry
+from polyml.options import CodegenConfig
 
 ALIGN = 64
 ENTRY = "polyml_main"
@@ -158,24 +159,17 @@ def plan_concat_in_place(graph: Graph, kernels: dict[str, Kernel]) -> tuple[dict
 
 def lower_graph(graph: Graph, target: HostTarget, chunks: int = 1, parallel: bool = False,
                 in_place_concat: bool = False, tile_bytes: int = 0, packed_gemm: bool = True,
-                conv: str = "auto") -> LoweredModel:
-    """:func:`_lower_graph` with products on polyml's packed GEMM (``packed_gemm``) or in
-    the plain form Polly's GEMM pattern matches; ``conv`` picks convolutions' algorithm
-    (:func:`polyml.codegen.gemm.conv_choice`)."""
-    from polyml.codegen.gemm import packed_gemm as packed_gemm_enabled
-
-    with packed_gemm_enabled(packed_gemm, conv, parallel):
-        return _lower_graph(graph, target, chunks, parallel, in_place_concat, tile_bytes)
-
-
-def _lower_graph(graph: Graph, target: HostTarget, chunks: int = 1, parallel: bool = False,
-                 in_place_concat: bool = False, tile_bytes: int = 0) -> LoweredModel:
+                conv: str = "auto", config: CodegenConfig | None = None) -> LoweredModel:
     """Lower ``graph``; op functions of one policy are dealt round-robin into ``chunks`` modules
     so that ``opt`` can work on them in parallel. ``parallel`` lets kernels split their outer
     loops over OpenMP threads (:meth:`KernelBuilder.parallel_loop`). ``in_place_concat`` stores
     eligible Concat inputs in slices of the output (module docstring); ``tile_bytes`` is the
-    cache budget of tiled nests (:mod:`polyml.codegen.tiling`, 0: untiled)."""
-    kernels = registry()
+    cache budget of tiled nests (:mod:`polyml.codegen.tiling`, 0: untiled).  ``config`` is what
+    every kernel is configured with (default: products on polyml's packed GEMM if
+    ``packed_gemm``, convolutions by ``conv``, no settings)."""
+    if config is None:
+        config = CodegenConfig(packed=packed_gemm, conv=conv, threaded=parallel)
+    kernels = registry(config)
     view_of, concat_placed, concat_blocked = plan_concat_in_place(graph, kernels) if in_place_concat else ({}, [], [])
     types = graph.types
     modules: dict[str, ir.Module] = {}
@@ -244,6 +238,7 @@ def _lower_graph(graph: Graph, target: HostTarget, chunks: int = 1, parallel: bo
         kb = KernelBuilder(module, fn, node, [], [], [], [op.value if op else None for op in ops],
                            [op.type if op else None for op in ops], parallel=parallel)
         kb.tile_bytes = tile_bytes
+        kb.config = config
         kb.step = len(steps)
         args = iter(fn.args)
         for i, t in enumerate(in_names):

@@ -24,6 +24,7 @@ from pathlib import Path
 from rich.markup import escape
 from rich.table import Table
 
+from polyml import options
 from polyml.commands._common import command, out
 
 REQUIRED = ("opt", "llc", "clang", "polly", "openmp", "llvmlite", "islpy", "cpu")
@@ -124,7 +125,7 @@ def _cpu() -> dict:
     except Exception as e:
         return {"ok": False, "name": None, "model": model or platform.processor(), "error": str(e)}
     # a cross build (POLYML_TARGET_CPU): the CPU builds are for, not this one
-    cross = os.environ.get(TARGET_CPU_ENV, "").strip() or None
+    cross = options.raw(TARGET_CPU_ENV) or None
     return {"ok": True, "name": t.cpu, "triple": t.triple, "model": model or platform.processor(),
             "vector_features": t.vector_features, "cross_target": cross,
             "caches": {f"L{level}": size for level, (size, _ways) in sorted(target_data_caches().items())}}
@@ -194,7 +195,7 @@ def _cache() -> dict:
 
 def collect() -> dict:
     """Everything ``polyml doctor`` reports, as JSON-ready data."""
-    from polyml import __version__
+    from polyml._version import __version__
 
     report: dict = {
         "polyml": {"version": __version__, "path": str(Path(__file__).resolve().parents[1])},

@@ -57,9 +57,9 @@ def kernel_entries(args: argparse.Namespace) -> list[dict]:
 
     graph = _read(args)
     if args.fuse:
-        from polyml.passes.fuse import FuseOperators
+        from polyml.pipeline import cuda_fusion
 
-        graph, _ = FuseOperators(attention=False, conv_scales=False, depthwise_products=False).apply(graph)  # the grid mapping takes constant-bound nests only
+        graph, _ = cuda_fusion().apply(graph)  # as a CUDA build fuses (polyml.gpu.build)
     low = lower_graph_cuda(graph, shared_bytes=SHARED_BYTES if getattr(args, "shared_memory", False) else 0)
     return [launch.to_json() for launch in low.launches]
 

@@ -15,28 +15,26 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-import shlex
 import shutil
-import subprocess
 import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import TYPE_CHECKING
 
-import llvmlite
-
-from polyml import __version__
 from polyml.codegen.builder import module_text
 from polyml.codegen.gemm import blocking_for_host
 from polyml.codegen.lower import LoweredModel, lower_graph
+from polyml.codegen.tiling import resolve as resolve_tiles
 from polyml.driver import artifact, flags
-from polyml.driver.toolchain import host_target, tool, tool_version
-from polyml.errors import PolymlError, ToolchainError
+from polyml.driver.toolchain import host_target, run_tool, tool, tool_message, toolchain_versions  # noqa: F401 - re-exported
+from polyml.errors import PolymlError
 from polyml.graph import Graph
-
-if TYPE_CHECKING:
-    from polyml.scop.exchange import Imports
+from polyml.passes import parse_pipeline
+from polyml.passes.fuse import FuseOperators
+from polyml.pipeline import prepare
+from polyml.scop import exchange
+from polyml.scop.exchange import Imports
+from polyml.scop.optimize import pipeline_jscops
 
 MANIFEST = "manifest.json"
 LIBRARY = "model.so"
@@ -45,77 +43,6 @@ JSCOP_DIR = "jscop"  # --emit jscop: Polly's JSCoP of every SCoP
 JSCOP_IMPORTED = "jscop-imported"  # --import-jscop: what was imported (edited and completing files)
 #: --emit fusion.svg|fusion.png|fusion-dot: the graph after fusion (polyml.plot.fusion), file written
 FUSION_PICTURES = {"fusion.svg": "fusion.svg", "fusion.png": "fusion.png", "fusion-dot": "fusion.dot"}
-
-
-def run_tool(cmd: list[str], outdir: Path, inputs: list[Path], what: str, cwd: Path | None = None) -> None:
-    """Run one toolchain command; on failure save its inputs and a reproducing command, then raise.
-
-    Everything lands in ``outdir/failed/<input stem>.*``: the input files (a folder, e.g. of
-    JSCoPs to import, is copied whole), ``.command.sh`` (the command with its input and ``-o``
-    paths, also as ``-flag=PATH``, pointing into ``failed/``) and ``.stderr.txt``.  The error
-    shows the tool's own message (:func:`tool_message`), not its crash backtrace.
-    """
-    proc = subprocess.run(cmd, capture_output=True, text=True, cwd=cwd)
-    if proc.returncode == 0:
-        return
-    fail = outdir / "failed"
-    fail.mkdir(parents=True, exist_ok=True)
-    stem = inputs[0].stem if inputs else what.split()[0]
-    moved = {str(p): str(fail / p.name) for p in inputs}
-    for src, dst in moved.items():
-        if Path(src).is_dir():
-            shutil.rmtree(dst, ignore_errors=True)
-            shutil.copytree(src, dst)
-        else:
-            shutil.copy(src, dst)
-    if cwd is not None:  # arguments relative to cwd name the same inputs
-        moved |= {os.path.relpath(p, cwd): str(fail / p.name) for p in inputs}
-    repro = []
-    for i, arg in enumerate(cmd):
-        if i > 0 and cmd[i - 1] == "-o":
-            arg = str(fail / f"{Path(arg).stem}.out{Path(arg).suffix}")
-        flag, eq, value = str(arg).partition("=")
-        if eq and flag.startswith("-") and value in moved:
-            arg = f"{flag}={moved[value]}"
-        repro.append(moved.get(str(arg), str(arg)))
-    command = shlex.join(repro)
-    (fail / f"{stem}.command.sh").write_text(command + "\n")
-    (fail / f"{stem}.stderr.txt").write_text(proc.stderr)
-    raise ToolchainError(
-        f"{what} failed (exit {proc.returncode}): {tool_message(proc.stderr) or 'no message'}\n"
-        f"  input saved to: {', '.join(dict.fromkeys(moved.values())) or '-'}\n  reproduce with: {command}"
-    )
-
-
-#: where an LLVM tool's own message ends and its crash report (backtrace) begins
-_CRASH_REPORT = ("PLEASE submit a bug report", "Stack dump:")
-#: progress notes, not messages (Polly's JSCoP importer and exporter)
-_PROGRESS = ("Reading JScop ", "Writing JScop ")
-
-
-def tool_message(stderr: str, limit: int = 6) -> str:
-    """The tool's own message in ``stderr``: for a crash, the lines it printed before LLVM's
-    crash report (an ``Assertion ... failed``, ``LLVM ERROR: ...`` and the reason before it,
-    an isl error), without progress notes; otherwise the first line that says error."""
-    lines = [ln.rstrip() for ln in stderr.splitlines() if ln.strip()]
-    crash = next((i for i, ln in enumerate(lines) if ln.startswith(_CRASH_REPORT)), None)
-    if crash is not None:
-        own = [ln for ln in lines[:crash] if not ln.startswith(_PROGRESS)]
-        if own:
-            return "\n".join(own[-limit:])
-    lines = [ln for ln in lines if not ln.startswith(_PROGRESS)]
-    return next((ln for ln in lines if "error" in ln.lower() or "unknown" in ln.lower()), lines[0] if lines else "")
-
-
-def toolchain_versions() -> dict[str, str]:
-    return {
-        "polyml": __version__,
-        "opt": tool_version("opt"),
-        "llc": tool_version("llc"),
-        "clang": tool_version("clang"),
-        "llvmlite": llvmlite.__version__,
-        **artifact.library_versions(),
-    }
 
 
 def build_artifact(
@@ -142,29 +69,17 @@ def build_artifact(
     seconds: dict[str, float] = {"frontend": round(frontend_seconds, 4)}
     target = host_target()
 
-    from polyml.passes.quantize import QuantizeQDQ
-
-    t0 = time.perf_counter()
-    graph, quantization = QuantizeQDQ().apply(graph)  # QDQ sandwiches → integer ops (no-op without Q/DQ)
-    seconds["quantize"] = time.perf_counter() - t0
-    fusion = None
-    unfused = graph
     packed = options.gemm == "packed" and not options.import_jscop
     parallel = options.parallel and options.threads != 1
-    if options.fuse:
-        from polyml.codegen.gemm import packed_gemm
-        from polyml.passes.fuse import FuseOperators
-
-        t0 = time.perf_counter()
-        with packed_gemm(packed, options.conv, parallel):  # some fused forms exist for some kernels only
-            graph, fusion = FuseOperators(attention=options.attention).apply(graph)
-        seconds["fuse"] = time.perf_counter() - t0
-    from polyml.codegen.tiling import resolve as resolve_tiles
-
+    # QDQ sandwiches → integer ops (no-op without Q/DQ), then fusion
+    config = options.codegen(packed, parallel)
+    prepared = prepare(graph, fusion=FuseOperators(attention=options.attention, config=config) if options.fuse else None)
+    graph, unfused, quantization, fusion = prepared.graph, prepared.unfused, prepared.quantization, prepared.fusion
+    seconds.update(prepared.seconds)
     tiles = resolve_tiles(options.tile_sizes)
     t0 = time.perf_counter()
     lowered = lower_graph(graph, target, chunks=chunks, parallel=parallel, in_place_concat=options.fuse,
-                          tile_bytes=tiles.conv_bytes, packed_gemm=packed, conv=options.conv)
+                          tile_bytes=tiles.conv_bytes, config=config)
     if fusion is not None:  # the lowering decides Concat placement; its entries join the report
         fusion.groups.extend(lowered.concat_in_place)
         fusion.blocked.extend(lowered.concat_blocked)
@@ -219,8 +134,6 @@ def build_artifact(
         seconds["link"] = time.perf_counter() - t0
 
         if "jscop" in emit:  # the SCoPs of the lowered modules, as Polly exports them
-            from polyml.scop import exchange
-
             t0 = time.perf_counter()
             exchange.export([p for k, p in sources.items() if k != "entry"], out / JSCOP_DIR, jobs=os.cpu_count() or 1,
                             keep_failed=out)
@@ -261,8 +174,6 @@ def _stage_jscop_imports(options: flags.Options, sources: dict[str, Path], out: 
     (:mod:`polyml.scop.exchange`); None without either.  Edited files win over the pipeline."""
     if not options.import_jscop and not options.passes:
         return None
-    from polyml.scop import exchange
-
     t0 = time.perf_counter()
     stage = out / JSCOP_IMPORTED
     shutil.rmtree(stage, ignore_errors=True)
@@ -270,8 +181,6 @@ def _stage_jscop_imports(options: flags.Options, sources: dict[str, Path], out: 
     edited = exchange.load_dir(options.import_jscop) if options.import_jscop else {}
     detected = None
     if options.passes:
-        from polyml.scop.optimize import pipeline_jscops
-
         found, piped = pipeline_jscops(ops, options.passes, policies or {}, options.threads)
         edited = {**piped, **edited}
         detected = found
@@ -290,8 +199,6 @@ def _passes_record(text: str) -> list[dict]:
         return []
     if text == "default":
         return [{"name": "default", "options": {}}]
-    from polyml.passes import parse_pipeline
-
     return [{"name": p.name, "options": {k: list(v) if isinstance(v, tuple) else v for k, v in p.options().items()}}
             for p in parse_pipeline(text)]
 
@@ -319,7 +226,7 @@ def _manifest(graph: Graph, lowered: LoweredModel, options: flags.Options, model
         "weights_bytes": len(lowered.weights),
         "intermediate_bytes": lowered.intermediate_bytes,
         "loop_nests": lowered.loop_nests,
-        "gemm_blocking": dataclasses.asdict(blocking_for_host()),
+        "gemm_blocking": dataclasses.asdict(blocking_for_host(options.codegen(False, False).gemm_blocking)),
         "functions": [
             {"function": s.function, "node": s.node, "op_type": s.op_type, "policy": s.policy, "detail": s.detail,
              "flops": s.flops, "bytes": s.bytes, "out_elements": s.out_elements} for s in lowered.steps

@@ -14,10 +14,13 @@ Polly runs per module, and the lowering puts op functions into one module per *p
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 
+from polyml import options as settings_registry
 from polyml.driver.toolchain import host_target, target_data_caches
 from polyml.errors import PolymlError
+from polyml.options import CodegenConfig
 
 POLICIES = ("polly", "tile", "off")
 
@@ -42,7 +45,7 @@ POLLY_BY_POLICY = {
 
 #: Polly's GEMM micro-kernel on AVX-512 hosts.  Polly sizes its register tile from the FMA
 #: latency x throughput product (defaults 8 x 1: a 16x8 tile, 8 zmm accumulators); 12 x 2
-#: gives 32x12 (24 accumulators), 1024³ 2 threads measured 1.3-1.7x faster (issue 7).
+#: gives 32x12 (24 accumulators), 1024³ 2 threads measured 1.3-1.7x faster.
 POLLY_GEMM_AVX512 = ["-polly-target-latency-vector-fma=12", "-polly-target-throughput-vector-fma=2"]
 #: Polly allocates its packed B panel (Kc x Nc, Nc = quotient x Nr) on the stack of the calling
 #: (OpenMP worker) thread; the default quotient 256 made 4-6 MiB arrays that overflowed it
@@ -55,7 +58,7 @@ def polly_gemm_flags(tuned: bool = False) -> list[str]:
     block, a stack array of the calling thread, shrinks to 0.9 MiB).
 
     ``tuned`` is off by default: with the FMA or the cache flags Polly's GEMM miscompiled
-    1024³ and 768³ products in one function (max rel err 0.4-0.8, issue 7), while row blocks
+    1024³ and 768³ products in one function (max rel err 0.4-0.8), while row blocks
     of 384-512 came out right; until that is understood only the stack-size fix is on.
     """
     flags = list(POLLY_GEMM_NC_QUOTIENT)
@@ -97,8 +100,18 @@ class Options:
     #: convolutions: ``auto`` (packed GEMM or direct nests by shape), ``gemm`` (the packed GEMM
     #: wherever eligible), ``direct`` (the register-blocked nests)
     conv: str = "auto"
+    #: the code-changing settings of :mod:`polyml.options` (``POLYML_*`` name → text) the build
+    #: is made with; None: the environment's, read once, when the options are made (the CLI and
+    #: API edge).  A manifest's options give them back, so ``--from-manifest`` rebuilds with them.
+    settings: tuple[tuple[str, str], ...] | Mapping[str, str] | None = None
 
     def __post_init__(self) -> None:
+        given = settings_registry.codegen_settings() if self.settings is None else dict(self.settings)
+        unknown = sorted(k for k in given if k not in settings_registry.BY_NAME or not settings_registry.BY_NAME[k].codegen)
+        if unknown:
+            raise PolymlError(f"settings {unknown}: not code-changing settings of polyml.options (`polyml options`)")
+        object.__setattr__(self, "settings", tuple(sorted(given.items())))
+        object.__setattr__(self, "extra_opt_flags", tuple(self.extra_opt_flags))
         if self.gemm not in ("packed", "polly"):
             raise PolymlError(f"gemm={self.gemm!r}: expected 'packed' or 'polly'")
         if self.conv not in ("auto", "gemm", "direct"):
@@ -107,7 +120,13 @@ class Options:
     def to_json(self) -> dict:
         d = asdict(self)
         d["extra_opt_flags"] = list(self.extra_opt_flags)
+        d["settings"] = dict(self.settings)
         return d
+
+    def codegen(self, packed: bool, threaded: bool) -> CodegenConfig:
+        """The kernels' configuration for this build: ``packed`` GEMM products, ``threaded``
+        (more than one thread), ``conv`` and the settings."""
+        return CodegenConfig.from_settings(dict(self.settings), packed=packed, conv=self.conv, threaded=threaded)
 
 
 def opt_flags(policy: str, options: Options) -> list[str]:

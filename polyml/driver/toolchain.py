@@ -16,11 +16,17 @@ from __future__ import annotations
 import functools
 import os
 import re
+import shlex
 import shutil
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
+import llvmlite
+
+from polyml import options
+from polyml._version import __version__
+from polyml.driver import artifact
 from polyml.errors import ToolchainError
 
 LLVM_MAJOR = 19
@@ -34,7 +40,7 @@ DEFAULT_WAYS = {1: 8, 2: 16, 3: 16}
 
 def tool(name: str) -> str:
     """Absolute path of an LLVM 19 tool; ``POLYML_LLVM_BIN`` overrides the search."""
-    override = os.environ.get("POLYML_LLVM_BIN")
+    override = options.raw("POLYML_LLVM_BIN")
     candidates = []
     if override:
         candidates.append(os.path.join(override, name))
@@ -74,7 +80,7 @@ class HostTarget:
 def host_target() -> HostTarget:
     """Ask clang-19 what ``-march=native`` means here (``-###`` prints the cc1 command line), or,
     for a cross build, what ``-march=$POLYML_TARGET_CPU`` means (:func:`named_target`)."""
-    march = os.environ.get(TARGET_CPU_ENV, "").strip()
+    march = options.raw(TARGET_CPU_ENV)
     if march:
         return named_target(march)
     clang = tool("clang")
@@ -144,7 +150,7 @@ def parse_size(text: str) -> int:
 def target_data_caches(root: str = SYS_CACHE) -> dict[int, tuple[int, int]]:
     """Level -> (bytes, associativity) of the target's data/unified caches: ``POLYML_TARGET_CACHES``
     (``L1,L2[,L3]`` sizes) where set, else this host's from sysfs ({} if unknown)."""
-    override = os.environ.get(TARGET_CACHES_ENV, "").strip()
+    override = options.raw(TARGET_CACHES_ENV)
     if override:
         try:
             sizes = [parse_size(t) for t in override.split(",")]
@@ -168,3 +174,76 @@ def target_data_caches(root: str = SYS_CACHE) -> dict[int, tuple[int, int]]:
             ways = DEFAULT_WAYS.get(level, 16)
         out[level] = (size, ways)
     return out
+
+
+def run_tool(cmd: list[str], outdir: Path, inputs: list[Path], what: str, cwd: Path | None = None) -> None:
+    """Run one toolchain command; on failure save its inputs and a reproducing command, then raise.
+
+    Everything lands in ``outdir/failed/<input stem>.*``: the input files (a folder, e.g. of
+    JSCoPs to import, is copied whole), ``.command.sh`` (the command with its input and ``-o``
+    paths, also as ``-flag=PATH``, pointing into ``failed/``) and ``.stderr.txt``.  The error
+    shows the tool's own message (:func:`tool_message`), not its crash backtrace.
+    """
+    proc = subprocess.run(cmd, capture_output=True, text=True, cwd=cwd)
+    if proc.returncode == 0:
+        return
+    fail = outdir / "failed"
+    fail.mkdir(parents=True, exist_ok=True)
+    stem = inputs[0].stem if inputs else what.split()[0]
+    moved = {str(p): str(fail / p.name) for p in inputs}
+    for src, dst in moved.items():
+        if Path(src).is_dir():
+            shutil.rmtree(dst, ignore_errors=True)
+            shutil.copytree(src, dst)
+        else:
+            shutil.copy(src, dst)
+    if cwd is not None:  # arguments relative to cwd name the same inputs
+        moved |= {os.path.relpath(p, cwd): str(fail / p.name) for p in inputs}
+    repro = []
+    for i, arg in enumerate(cmd):
+        if i > 0 and cmd[i - 1] == "-o":
+            arg = str(fail / f"{Path(arg).stem}.out{Path(arg).suffix}")
+        flag, eq, value = str(arg).partition("=")
+        if eq and flag.startswith("-") and value in moved:
+            arg = f"{flag}={moved[value]}"
+        repro.append(moved.get(str(arg), str(arg)))
+    command = shlex.join(repro)
+    (fail / f"{stem}.command.sh").write_text(command + "\n")
+    (fail / f"{stem}.stderr.txt").write_text(proc.stderr)
+    raise ToolchainError(
+        f"{what} failed (exit {proc.returncode}): {tool_message(proc.stderr) or 'no message'}\n"
+        f"  input saved to: {', '.join(dict.fromkeys(moved.values())) or '-'}\n  reproduce with: {command}"
+    )
+
+
+#: where an LLVM tool's own message ends and its crash report (backtrace) begins
+_CRASH_REPORT = ("PLEASE submit a bug report", "Stack dump:")
+#: progress notes, not messages (Polly's JSCoP importer and exporter)
+_PROGRESS = ("Reading JScop ", "Writing JScop ")
+
+
+def tool_message(stderr: str, limit: int = 6) -> str:
+    """The tool's own message in ``stderr``: for a crash, the lines it printed before LLVM's
+    crash report (an ``Assertion ... failed``, ``LLVM ERROR: ...`` and the reason before it,
+    an isl error), without progress notes; otherwise the first line that says error."""
+    lines = [ln.rstrip() for ln in stderr.splitlines() if ln.strip()]
+    crash = next((i for i, ln in enumerate(lines) if ln.startswith(_CRASH_REPORT)), None)
+    if crash is not None:
+        own = [ln for ln in lines[:crash] if not ln.startswith(_PROGRESS)]
+        if own:
+            return "\n".join(own[-limit:])
+    lines = [ln for ln in lines if not ln.startswith(_PROGRESS)]
+    return next((ln for ln in lines if "error" in ln.lower() or "unknown" in ln.lower()), lines[0] if lines else "")
+
+
+def toolchain_versions() -> dict[str, str]:
+    """polyml's, the LLVM 19 tools' and llvmlite's versions and the Python side's
+    (:func:`polyml.driver.artifact.library_versions`): a manifest's ``versions``, part of a cache key."""
+    return {
+        "polyml": __version__,
+        "opt": tool_version("opt"),
+        "llc": tool_version("llc"),
+        "clang": tool_version("clang"),
+        "llvmlite": llvmlite.__version__,
+        **artifact.library_versions(),
+    }

@@ -14,15 +14,20 @@ import hashlib
 import json
 import os
 import shutil
+import tempfile
 import time
 from pathlib import Path
 
-from polyml import __version__
+from polyml._version import __version__
+from polyml.errors import PolymlError
 from polyml.gpu import DEFAULT_SM, TRIPLE
+from polyml.gpu.emulate import EmulatedModel
 from polyml.gpu.lower import lower_graph_cuda
 from polyml.gpu.ptx import assemble, ptxas, to_ptx
+from polyml.gpu.runtime import CudaModel
 from polyml.gpu.shared import SHARED_BYTES
 from polyml.graph import Graph
+from polyml.pipeline import cuda_fusion, prepare
 
 MANIFEST = "manifest.json"
 WEIGHTS = "weights.bin"
@@ -55,14 +60,9 @@ def build_cuda_artifact(graph: Graph, outdir: str | os.PathLike, sm: str = DEFAU
     if ptx:
         (out / PTX_DIR).mkdir()
     (out / IR_DIR).mkdir()
-    seconds: dict[str, float] = {}
-    fusion = None
-    if fuse:
-        from polyml.passes.fuse import FuseOperators
-
-        t0 = time.perf_counter()
-        graph, fusion = FuseOperators(attention=False, conv_scales=False, depthwise_products=False).apply(graph)  # the grid mapping takes constant-bound nests only
-        seconds["fuse"] = time.perf_counter() - t0
+    prepared = prepare(graph, quantize=False, fusion=cuda_fusion() if fuse else None)
+    graph, fusion = prepared.graph, prepared.fusion
+    seconds: dict[str, float] = dict(prepared.seconds)
     t0 = time.perf_counter()
     low = lower_graph_cuda(graph, shared_bytes=SHARED_BYTES if shared_memory else 0)
     seconds["lower+map"] = time.perf_counter() - t0
@@ -128,16 +128,12 @@ def compile_cuda(graph: Graph, output_dir: str | os.PathLike | None, target: str
     The emulated target writes the kernel IR only (no PTX, see :func:`build_cuda_artifact`).
     Options: ``fuse``, ``shared_memory``, ``sm``; others (CPU code generation) are refused.
     """
-    from polyml.errors import PolymlError
-
     if target not in CUDA_TARGETS:
         raise PolymlError(f"target {target!r}: expected cpu, {' or '.join(CUDA_TARGETS)}")
     other = sorted(set(options) - set(CUDA_OPTIONS))
     if other:
         raise PolymlError(f"target {target}: option(s) {', '.join(other)} apply to CPU builds only "
                           f"(a CUDA build takes {', '.join(CUDA_OPTIONS)})")
-    import tempfile
-
     tmp = None
     if output_dir is None:
         tmp = tempfile.TemporaryDirectory(prefix="polyml-cuda-")
@@ -145,14 +141,7 @@ def compile_cuda(graph: Graph, output_dir: str | os.PathLike | None, target: str
     build_cuda_artifact(graph, output_dir, sm=options.get("sm", DEFAULT_SM), fuse=options.get("fuse", True),
                         shared_memory=options.get("shared_memory", False), model_sha256=model_sha256, source=source,
                         ptx=target == "cuda", check_ptxas=None if target == "cuda" else False)
-    if target == "cuda":
-        from polyml.gpu.runtime import CudaModel
-
-        model = CudaModel(output_dir)
-    else:
-        from polyml.gpu.emulate import EmulatedModel
-
-        model = EmulatedModel(output_dir)
+    model = CudaModel(output_dir) if target == "cuda" else EmulatedModel(output_dir)
     model._tmp = tmp  # keeps a temporary artifact alive as long as the model
     return model
 

@@ -89,26 +89,6 @@ def is_cuda_artifact(directory: str | os.PathLike) -> bool:
         return False
 
 
-def load_artifact(directory: str | os.PathLike, target: str | None = None):  # noqa: ANN201 - CompiledModel | CudaModel
-    """The runnable model for an artifact folder: :class:`CudaModel` for a CUDA build (on the
-    device, or with ``target="cuda-emulated"`` on the emulator)."""
-    if target == "cuda-emulated":
-        from polyml.gpu.emulate import EmulatedModel
-
-        if not is_cuda_artifact(directory):
-            raise ModelFormatError(f"{directory}: --target cuda-emulated runs CUDA builds (polyml build --target cuda); "
-                                   "this folder is not one")
-        return EmulatedModel(directory)
-    if is_cuda_artifact(directory):
-        return CudaModel(directory)
-    if target == "cuda":
-        raise ModelFormatError(f"{directory}: --target cuda runs CUDA builds (polyml build --target cuda); this folder "
-                               "is not one")
-    from polyml.runtime.model import CompiledModel
-
-    return CompiledModel(directory)
-
-
 @dataclass(frozen=True)
 class SlotPlan:
     """One entry of the pointer table (``manifest["slots"]``)."""
@@ -356,4 +336,4 @@ class CudaModel:
 
 
 __all__ = ["Backend", "CudaModel", "CudaPlan", "DeviceBackend", "LaunchPlan", "NoCudaDevice", "SlotPlan",
-           "device_available", "is_cuda_artifact", "load_artifact", "require_device"]
+           "device_available", "is_cuda_artifact", "require_device"]

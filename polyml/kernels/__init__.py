@@ -14,6 +14,7 @@ Every module in this package is imported on first use, so adding a file adds its
 
 from __future__ import annotations
 
+import copy
 import importlib
 import pkgutil
 from dataclasses import dataclass
@@ -24,6 +25,7 @@ import numpy as np
 from polyml.codegen.builder import KernelBuilder
 from polyml.errors import GraphError, ShapeError
 from polyml.graph import Node, TensorType
+from polyml.options import CodegenConfig
 
 
 @dataclass(frozen=True)
@@ -48,6 +50,15 @@ class Kernel:
     polly: ClassVar[str] = "polly"
     #: dtypes the op's data inputs may have (static inputs are checked by ``infer``)
     dtypes: ClassVar[frozenset[str]] = frozenset({"float32"})
+    #: the build's code generation choices (:meth:`configured`); registered instances have the
+    #: plain configuration (no packed GEMM), as CUDA and the SCoP tools lower
+    config: CodegenConfig = CodegenConfig()
+
+    def configured(self, config: CodegenConfig) -> Kernel:
+        """This kernel for a build of ``config`` (a copy; the registered instance is unchanged)."""
+        k = copy.copy(self)
+        k.config = config
+        return k
 
     def infer(self, node: Node, ins: list[Operand | None]) -> list[TensorType]:
         raise NotImplementedError
@@ -109,15 +120,19 @@ def register_instance(op: str, kernel: Kernel) -> None:
     REGISTRY[op] = kernel
 
 
-def registry() -> dict[str, Kernel]:
-    """All kernels by op type (imports every module of this package once)."""
+def registry(config: CodegenConfig | None = None) -> dict[str, Kernel]:
+    """All kernels by op type (imports every module of this package once); with ``config``,
+    each configured for it (one copy per kernel instance, shared by its op types)."""
     global _loaded
     if not _loaded:
         _loaded = True
         for info in pkgutil.iter_modules(__path__):
             if not info.name.startswith("_"):
                 importlib.import_module(f"{__name__}.{info.name}")
-    return REGISTRY
+    if config is None or config == Kernel.config:
+        return REGISTRY
+    copies: dict[int, Kernel] = {}
+    return {op: copies.setdefault(id(k), k.configured(config)) for op, k in REGISTRY.items()}
 
 
 # -- helpers shared by kernels' shape inference ---------------------------------------------

@@ -65,15 +65,15 @@ class Attention(Kernel):
 
     def describe(self, node: Node, ins: list[Operand | None], outs: list[TensorType]) -> str:
         z, s, sk, d, dv = _dims([op.type for op in ins], node.attrs["k_transposed"])
-        return f"{z} heads of ({s}x{d})·({d}x{sk}) → softmax → ·({sk}x{dv})" + (", packed" if packed.enabled() else "")
+        return f"{z} heads of ({s}x{d})·({d}x{sk}) → softmax → ·({sk}x{dv})" + (", packed" if self.config.packed else "")
 
     def _per_part(self, node: Node, types: list[TensorType]) -> tuple[int, int, int]:
         """Floats of one share's scratch: (tile, packing of product 1, packing of product 2)."""
         z, s, sk, d, dv = _dims(types, node.attrs["k_transposed"])
         tile = s * sk
-        if not packed.enabled():
+        if not self.config.packed:
             return tile, 0, 0
-        blk = packed.blocking_for_host()
+        blk = packed.blocking_for_host(self.config.gemm_blocking)
         scores, out = _specs(s, sk, d, dv, node.attrs["k_transposed"])
         return tile, packed.packing_floats(scores, blk, s, sk), packed.packing_floats(out, blk, s, dv)
 
@@ -95,9 +95,9 @@ class Attention(Kernel):
         share = math.ceil(z / parts)
         side = {buf.name: buf for buf in k.inputs[3:] if buf is not None}
         batch = out.shape[:-2]
-        use_packed = packed.enabled()
+        use_packed = self.config.packed
         if use_packed:
-            blk = packed.blocking_for_host()
+            blk = packed.blocking_for_host(self.config.gemm_blocking)
             spec1, spec2 = _specs(s, sk, d, dv, kt)
             attrs = [a for a in k.fn.attributes if a != "noinline"]
             gemm1 = packed.block_function(k.module, f"{k.fn.name}.scores", spec1, blk, attrs)

@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import itertools
 import math
-import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -61,6 +60,7 @@ from polyml.kernels._window import (
 from polyml.kernels.depthwise import convolve_depthwise, depthwise_plan
 from polyml.kernels.fused import epilogue, evaluate_chain
 from polyml.kernels.winograd import convolve_winograd, transform_weights, winograd_plan
+from polyml.options import CodegenConfig
 
 #: fused multiply-add allowed, but no reassociation: the loop vectorizer must not turn the
 #: reduction loops into vector reductions (SLP vectorizes across output columns instead).
@@ -80,36 +80,35 @@ PREFER_VECTOR_WIDTH = "512"
 
 #: ISAs on which GEMM convolutions pack their im2col columns, only stems (:data:`STEM_MAX_CHANNELS`
 #: input channels) reading them in place: on AVX2 the 6x16 micro-kernel's B rows read through
-#: the row table cost more than the packing (tenth session, per step of whole models, 1 thread,
+#: the row table cost more than the packing (per step of whole models, 1 thread,
 #: minimum of 15, packed / in place: Inception-v1 5x5/1 32->96 @27 0.42, 24->64 @13 0.43, 3x3/1
 #: 96->208 @13 0.79, 160->320 @6 0.99; ResNet-50 3x3/2 128->128 @56 0.74, 512->512 @14 0.90,
 #: 3x3/1 512->512 @7 0.92-0.95; SqueezeNet 3x3/1 64->256 @13 0.83; but SqueezeNet's 3x3/2
-#: 3->64 stem in place 1.12x faster than direct).  AVX-512 hosts read in place everywhere from
-#: the seventh session (docs/PERFORMANCE.md "The GEMM reads im2col rows in place") until the
-#: fifteenth, where since the packing's row-unrolled A and prefetched B (ninth, twelfth) packing
-#: won on every such layer (Sapphire Rapids class host, per step of whole models, minimum of 12,
+#: 3->64 stem in place 1.12x faster than direct).  AVX-512 hosts pack too: with the packing's
+#: row-unrolled A and prefetched B, packing beats reading in place (docs/PERFORMANCE.md "The
+#: GEMM reads im2col rows in place") on every such layer (Sapphire Rapids class host, per step of whole models, minimum of 12,
 #: packed / in place, 1 thread: ResNet-50 3x3/2 128->128 @56 0.69, Inception-v1 3x3/1 192->384
 #: @6 0.75, 160->320 @6 0.86, 5x5/1 32->96 @27 0.94, ZFNet 5x5/2 96->256 @54 0.95; 2 threads
 #: 0.69, 0.89, 0.91, 0.91, 0.87)
 PACKED_IM2COL_ISAS = ("avx", "avx512")
 
 
-def reads_in_place(win: Window, kk: int) -> bool:
+def reads_in_place(config: CodegenConfig, win: Window, kk: int) -> bool:
     """Whether a GEMM convolution reads its im2col rows in place from stride-phase planes
     (``gemm_inplace``) rather than packing them into panels.  Never for unpadded 1x1 windows
     (no element is read by two taps: packing the subsampled columns is one pass either way);
-    else as :data:`PACKED_IM2COL_ISAS` says, or ``POLYML_CONV_INPLACE`` (``1``: always, ``0``:
-    never; for A/B measurements and tests)."""
+    else as :data:`PACKED_IM2COL_ISAS` says, or ``config.conv_inplace`` (``1``: always, ``0``:
+    never; ``POLYML_CONV_INPLACE``, for A/B measurements and tests)."""
     if _unpadded_1x1(win):
         return False
-    forced = os.environ.get("POLYML_CONV_INPLACE", "auto")
+    forced = config.conv_inplace
     if forced in ("0", "1"):
         return forced == "1"
     return _window._isa() not in PACKED_IM2COL_ISAS or kk // math.prod(win.kernel) <= STEM_MAX_CHANNELS
 
 
 #: :meth:`PhasePlanes.fill` runs parallel over the planes' rows below this many channels, else
-#: over the channels (eighteenth session, per step of whole models, minimum of 20-30, rows /
+#: over the channels (per step of whole models, minimum of 20-30, rows /
 #: channels: the stems 3x3/2 3->64 (SqueezeNet) 0.83-0.92 at 2 threads and 0.94 at 1, 3x3/2
 #: 3->32 (MobileNetV2) 0.76 and 0.85, 7x7/2 3->64 (ResNet-50) 0.93 at 2; SqueezeNet's 3x3
 #: 64->256 @13 ``rows`` steps, whose 64 channels split evenly, 1.03-1.06 by rows)
@@ -283,27 +282,27 @@ class _Plan:
         return self.win.required[-1] if self.src_temp is not None else self.win.size[-1]
 
 
-def _plan(node: Node, x: TensorType, w: TensorType, constant_w: bool = False) -> _Plan:
+def _plan(config: CodegenConfig, node: Node, x: TensorType, w: TensorType, constant_w: bool = False) -> _Plan:
     win = conv_window(node, x, w)
     lead = x.shape[:2]
-    dw = depthwise_plan(node, x, w, win)
+    dw = depthwise_plan(config, node, x, w, win)
     if dw is not None:  # per plane on a phase-split copy (kernels/depthwise.py)
         return _Plan("depthwise", win, dw.scratch)
-    wg = winograd_plan(node, x, w, win) if constant_w else None
+    wg = winograd_plan(config, node, x, w, win) if constant_w else None
     if wg is not None:  # 3x3/1 with weights transformed at compile time (kernels/winograd.py)
         return _Plan("winograd", win, wg.scratch)
-    rows = rows_plan(node, x, w, win) if constant_w else None
+    rows = rows_plan(config, node, x, w, win) if constant_w else None
     if rows is not None:  # output rows as register tiles (polyml/codegen/gemm_rows.py)
         return rows
-    scratch = _gemm_scratch(node, x, w, win)
+    scratch = _gemm_scratch(config, node, x, w, win)
     if scratch is not None:
         m, _, kk = _gemm_spec_dims(x, w, win)
-        if int(node.attrs.get("group", 1)) == 1 and reads_in_place(win, kk):
+        if int(node.attrs.get("group", 1)) == 1 and reads_in_place(config, win, kk):
             from polyml.kernels.matmul import packed_temps
 
-            nr = packed.blocking_for_host().nr
+            nr = packed.blocking_for_host(config.gemm_blocking).nr
             planes = PhasePlanes(x.shape[1], win, nr, row_align(win, nr))
-            return _Plan("gemm_inplace", win, packed_temps(m, planes.columns, kk)[0], planes=planes)
+            return _Plan("gemm_inplace", win, packed_temps(config, m, planes.columns, kk)[0], planes=planes)
         return _Plan("gemm", win, scratch)
     if _unpadded_1x1(win):
         sub = None if all(s == 1 for s in win.strides) else TensorType((*lead, *win.out))
@@ -322,10 +321,13 @@ def _plan(node: Node, x: TensorType, w: TensorType, constant_w: bool = False) ->
     return _Plan("direct", win, src)
 
 
+#: small-map convolutions may run with output rows as register tiles (False: never)
+ROWS = True
+
+
 def rows_enabled() -> bool:
-    """Whether small-map convolutions may run with output rows as register tiles (``rows``,
-    default) (``POLYML_CONV_ROWS=0``: for A/B measurements)."""
-    return os.environ.get("POLYML_CONV_ROWS", "1") != "0"
+    """Whether small-map convolutions may run with output rows as register tiles (``rows``)."""
+    return ROWS
 
 
 #: ``rows`` mode: output widths (positions per register tile) ...
@@ -333,8 +335,8 @@ ROWS_WIDTHS = range(7, 15)
 #: ... and at least this many output channels (one tile of columns); 1x1 convolutions only
 #: with whole 32-channel panels and a reduction of this many times the output channels (the
 #: tile's transposing store is per element: with a short reduction it costs more than the
-#: columns the other paths pad).  Seventh session, single layers with ReLU6, 2 threads,
-#: minimum of 15 blocks, rows / before: 3x3 512->512 @7 0.75, 64->256 @13 0.68, 128->32 @7
+#: columns the other paths pad).  Single layers with ReLU6, 2 threads,
+#: minimum of 15 blocks, rows / the other paths: 3x3 512->512 @7 0.75, 64->256 @13 0.68, 128->32 @7
 #: 0.66, 3x3/2 256->256 @14 0.74; 1x1 2048->512 @7 0.89, 960->160 @7 0.86, 512->128 @7 0.77,
 #: 576->96 @14 0.88, 1024->256 @14 0.95, but 512->2048 @7 1.08, 96->576 @14 1.17, 112->672 @14
 #: 1.24, 384->48 @13 1.07
@@ -342,7 +344,7 @@ ROWS_MIN_CHANNELS = 32
 ROWS_POINTWISE_K_PER_CHANNEL = 2
 
 
-def rows_plan(node: Node, x: TensorType, w: TensorType, win: Window) -> _Plan | None:
+def rows_plan(config: CodegenConfig, node: Node, x: TensorType, w: TensorType, win: Window) -> _Plan | None:
     """The ``rows`` plan (:mod:`polyml.codegen.gemm_rows`) for a convolution with constant
     weights, or None: one group, batch 1, 2-D, a host build with the packed GEMM, ``conv=auto``,
     an AVX-512 host, an output width in :data:`ROWS_WIDTHS` (unstrided 1x1 convolutions to at
@@ -351,9 +353,9 @@ def rows_plan(node: Node, x: TensorType, w: TensorType, win: Window) -> _Plan | 
     cuts into such rows) and :data:`ROWS_MIN_CHANNELS` channels.  Unstrided, unpadded 1x1
     convolutions read x itself, the rest a phase copy."""
     if (win.rank != 2 or x.shape[0] != 1 or int(node.attrs.get("group", 1)) != 1 or not rows_enabled()
-            or not packed.enabled() or packed.conv_choice() != "auto"):
+            or not config.packed or config.conv != "auto"):
         return None
-    blk = packed.blocking_for_host()
+    blk = packed.blocking_for_host(config.gemm_blocking)
     if blk.nr != 32 or blk.width != 16 or w.shape[0] < ROWS_MIN_CHANNELS:
         return None
     if win.out[1] not in ROWS_WIDTHS and not (win.pointwise and w.shape[0] <= FLAT_ROWS_MAX_CHANNELS
@@ -367,15 +369,15 @@ def rows_plan(node: Node, x: TensorType, w: TensorType, win: Window) -> _Plan | 
 
 
 #: unstrided 1x1 convolutions on wider maps take the ``rows`` tiles up to this many output
-#: channels (one 32-channel panel, so x is streamed once): sixteenth session, per step of whole
+#: channels (one 32-channel panel, so x is streamed once): per step of whole
 #: models at 2 threads, minimum of 12, rows / GEMM: MobileNetV2's 144->32 and 192->32 @28
 #: 0.78-0.83, but ResNet-50's 256->64 and 256->128 @56 1.41-1.55, 512->128 and 512->256 @28
 #: 1.26-1.32 (each panel streams all of x again, from L3 on these maps); MobileNetV2 0.98-0.99
-#: at 2 threads (``POLYML_ROWS_FLAT_CHANNELS=0``: none, for A/B measurements) ...
-FLAT_ROWS_MAX_CHANNELS = int(os.environ.get("POLYML_ROWS_FLAT_CHANNELS", "32"))
+#: at 2 threads (0: none) ...
+FLAT_ROWS_MAX_CHANNELS = 32
 #: ... on maps of at most this many positions: since the GEMM packs a thin A's B in L1-sized
 #: blocks (:data:`polyml.codegen.gemm.THIN_A_ROWS`) it ties or wins on 27x27 and 28x28 maps
-#: (eighteenth session, per step of whole models, minimum of 20, GEMM / rows: SqueezeNet's
+#: (per step of whole models, minimum of 20, GEMM / rows: SqueezeNet's
 #: 128->32 and 256->32 @27 0.72 and 0.90 at 2 threads, 0.86-0.89 and 0.98-1.00 at 1;
 #: MobileNetV2's 144->32 and 192->32 @28 0.92-1.07 and 0.96-0.98; Inception-v1's 192->32 and
 #: 256->32 @27 0.99-1.01 and 1.02-1.09; all seven 0.95 in sum at 2 threads, 1.00 at 1), where
@@ -416,7 +418,7 @@ def _gemm_spec_dims(x: TensorType, w: TensorType, win: Window) -> tuple[int, int
     return w.shape[0], math.prod(win.out), w.shape[1] * math.prod(win.kernel)
 
 
-def _gemm_scratch(node: Node, x: TensorType, w: TensorType, win: Window) -> TensorType | None:
+def _gemm_scratch(config: CodegenConfig, node: Node, x: TensorType, w: TensorType, win: Window) -> TensorType | None:
     """The packing scratch when the convolution runs as a packed GEMM, else None.
 
     Eligible: a host lowering with the packed GEMM on, batch 1, two spatial dims, a product the
@@ -431,12 +433,12 @@ def _gemm_scratch(node: Node, x: TensorType, w: TensorType, win: Window) -> Tens
     groups = int(node.attrs.get("group", 1))
     m, n, kk = _gemm_spec_dims(x, w, win)
     mg = m // groups
-    choice = packed.conv_choice()
-    if choice == "direct" or (choice == "auto" and not prefer_gemm(win, mg, kk)):
+    choice = config.conv
+    if choice == "direct" or (choice == "auto" and not prefer_gemm(config, win, mg, kk)):
         return None
     if groups > 1:
-        return batched_temps(groups, mg, n, kk)[0] if batched_plan(groups, mg, n, kk) is not None else None
-    return packed_temps(m, n, kk)[0] if packed_plan(m, n, kk) is not None else None
+        return batched_temps(config, groups, mg, n, kk)[0] if batched_plan(config, groups, mg, n, kk) is not None else None
+    return packed_temps(config, m, n, kk)[0] if packed_plan(config, m, n, kk) is not None else None
 
 
 #: the packed GEMM beats the direct nests from this many output channels on (below, the
@@ -444,31 +446,31 @@ def _gemm_scratch(node: Node, x: TensorType, w: TensorType, win: Window) -> Tens
 #: too few output channels) ...
 GEMM_MIN_CHANNELS = 32
 #: ... but stems (at most this many input channels: an RGB image) run direct: their K = 3·taps
-#: reduction spends the GEMM's time in the im2col packing (sixth session, single layers, 1
+#: reduction spends the GEMM's time in the im2col packing (single layers, 1
 #: thread CPU time: 3x3/2 3->64 @224 0.768 -> 0.653 ms, 7x7/2 3->64 3.98 -> 2.32, 3x3/2 3->32
 #: with SiLU 0.85 -> 0.52; 2 threads, three runs each: 3x3/2 3->64 0.43-0.51 -> 0.37-0.42 ms)
 STEM_MAX_CHANNELS = 4
 #: ... except stems of at most this many taps (3x3) when the GEMM reads its rows in place
-#: (``gemm_inplace``: no im2col packing; seventh session, 2 threads, 200 runs each: 3x3/2 3->32
+#: (``gemm_inplace``: no im2col packing; 2 threads, 200 runs each: 3x3/2 3->32
 #: @224 (MobileNet, EfficientNet) 0.24-0.30 -> 0.19-0.20 ms, SqueezeNet's unpadded 3x3/2 3->64
 #: 0.53-0.60 -> 0.33-0.45; a 7x7/2 stem stays direct: 1.21 -> 1.41-1.49).  Per ISA, None: any
-#: stem; on AVX2 the direct nests' 4x16 block loses on the large ones too (tenth session, single
+#: stem; on AVX2 the direct nests' 4x16 block loses on the large ones too (single
 #: layers with ReLU, 1 thread CPU time, minimum of 20, in place / direct: 7x7/2 3->64 @224
-#: (ResNet-50) 0.72, 7x7/2 3->96 (ZFNet) 0.71, 11x11/4 3->96 (AlexNet) 0.77), and since the
-#: in-place tiles stored straight into C and the aligned stem planes (twelfth session) on
-#: AVX-512 too (fifteenth session, per step of whole models, minimum of 12, in place / direct,
+#: (ResNet-50) 0.72, 7x7/2 3->96 (ZFNet) 0.71, 11x11/4 3->96 (AlexNet) 0.77), and with the
+#: in-place tiles stored straight into C and the aligned stem planes on
+#: AVX-512 too (per step of whole models, minimum of 12, in place / direct,
 #: 1 thread: 7x7/2 3->64 0.93-0.95 (ResNet-50, Inception-v1, DenseNet-121), 7x7/2 3->96 0.79,
 #: 11x11/4 3->96 0.65; 2 threads 0.88-1.03, 0.70, 0.63)
 STEM_GEMM_MAX_TAPS: dict[str, int | None] = {"avx512": None, "avx": None, "other": 9}
 #: ... and so do unstrided convolutions of at most this many input channels (K = 16·9 for a
 #: 3x3): the direct nests read x where it lies while the GEMM gathers each element into its
-#: panel for only 16·9 multiply-adds per column (seventh session, single layers with ReLU6,
+#: panel for only 16·9 multiply-adds per column (single layers with ReLU6,
 #: minimum of 15 blocks: 3x3 16->64 @55 (SqueezeNet) 2 threads 0.48-0.60 -> 0.32-0.39 ms,
 #: 1 thread 0.76 -> 0.59; 3x3 16->16 @56 1 thread 0.39 -> 0.15.  Strided ones are mixed:
 #: 3x3/2 16->64 @56 0.15 -> 0.24, 16->32 @112 0.33 -> 0.26; 24 channels tie)
 THIN_MAX_CHANNELS = 16
-#: ... but on AVX-512 from this many output channels they take the GEMM (its im2col packed since
-#: the fifteenth session): per step of SqueezeNet, GEMM / direct, 3x3 16->64 @55 0.94-0.95 at 1
+#: ... but on AVX-512 from this many output channels they take the GEMM (its im2col packed,
+#: :data:`PACKED_IM2COL_ISAS`): per step of SqueezeNet, GEMM / direct, 3x3 16->64 @55 0.94-0.95 at 1
 #: thread and 0.74-0.78 at 2 (the whole model 0.99 / 0.94-0.95), where Inception-v1's 5x5
 #: 16->32 @27 lost (1.28 / 1.05).  Per ISA, None: never (AVX2 not measured)
 THIN_GEMM_MIN_CHANNELS: dict[str, int | None] = {"avx512": 64, "avx": None, "other": None}
@@ -502,39 +504,39 @@ class PointwiseRule:
 
 
 #: AVX-512: two register tiles of rows (24 channels) on maps of a register tile of columns
-#: (32 positions) or more, and 16 channels on maps of 512 positions (sixteenth session, the
+#: (32 positions) or more, and 16 channels on maps of 512 positions (the
 #: 16-channel projections after a concatenation or a depthwise layer, per step of whole models
 #: at 2 threads, minimum of 20, GEMM / direct: SqueezeNet's 64->16 @55 0.43 and 128->16 @55
 #: 0.37, MobileNetV2's 32->16 @112 0.60, EfficientNet-B0's 0.44, Inception-v1's 192->16 @27
 #: 0.59; whole models 0.95, 0.98, 0.99, 1.00: the direct nests' 8-channel blocks stream all of
 #: x once per block, 128 rows at a time, where the GEMM packs it once; but 480->16 @13, whose
 #: x fits L2, 2.4).  One thread: only from 128 input channels (SqueezeNet's 128->16 @55 0.90,
-#: its 64->16 @55 1.24, MobileNetV2's 32->16 @112 1.12).  The seventh session kept maps of up
-#: to 196 positions (14x14, 13x13, 7x7) on the direct nests, whose GEMM then padded 196
-#: positions to 224 and 49 to 64 (single
-#: layers, 2 threads: 1024->256 @14 0.60-0.63 -> 0.53 ms, 320->1280 @7 0.28 -> 0.25); since the
-#: GEMM's narrow and short edge kernels (twelfth session) it beats them inside the models
-#: (fifteenth session, Sapphire Rapids class host, whole models alternated in one process,
+#: its 64->16 @55 1.24, MobileNetV2's 32->16 @112 1.12).  Maps of up to 196 positions (14x14, 13x13,
+#: 7x7) take the GEMM too: a GEMM padding 196 positions to 224 and 49 to 64 lost to the direct
+#: nests there (single
+#: layers, 2 threads: 1024->256 @14 0.60-0.63 -> 0.53 ms, 320->1280 @7 0.28 -> 0.25), but with
+#: the GEMM's narrow and short edge kernels it beats them inside the models
+#: (Sapphire Rapids class host, whole models alternated in one process,
 #: GEMM / direct: ResNet-50 0.96-0.97 at 1 thread (its 256->1024 @14 steps 0.76-0.87,
 #: 512->2048 @7 0.74-0.99), 0.97 at 2; MobileNetV2 0.92-0.95 at 1 and 2 threads; SqueezeNet
 #: 0.97-0.99 at 1 (its 13x13 steps 0.79-0.91); EfficientNet-B0 0.98-0.99; Inception-v2 and
 #: DenseNet-121 1.00).  1x1 maps (squeeze-excitation) stay direct, as on AVX2.  Strided ones
-#: take the GEMM on outputs of 128 positions or more (sixteenth session; :func:`prefer_gemm`
+#: take the GEMM on outputs of 128 positions or more (:func:`prefer_gemm`
 #: has the figures), 7x7 outputs stay direct.  AVX2 (no AVX-512): the direct nests' register block is
 #: 4 channels x 16 columns against the GEMM's 6x16 tile, and the GEMM wins everywhere from 16
-#: channels (tenth session, single layers with ReLU/ReLU6, 1 thread CPU time, minimum of 30,
+#: channels (single layers with ReLU/ReLU6, 1 thread CPU time, minimum of 30,
 #: GEMM / direct: 1024->256 @14 0.29, 2048->512 @7 0.37, 512->2048 @7 0.34, 64->384 @14 0.44,
 #: 960->160 @7 0.49, 48->192 @13 0.59, 384->48 @13 0.66, 32->16 @112 0.61, 96->16 @55 0.76,
 #: 96->24 @56 0.90; strided 1x1/2 packed: 1024->2048 @14 0.48, 512->1024 @28 0.48, 256->512
 #: @56 0.47, the GEMM on stride-phase planes 0.54-0.57), on maps of a register tile of columns
-#: (16) or more: below, the GEMM pads the columns to 16 (eleventh session, squeeze-excitation
+#: (16) or more: below, the GEMM pads the columns to 16 (squeeze-excitation
 #: products on 1x1 maps, 1 thread CPU time, minimum of 60, direct / GEMM: 1152->48 0.60, 48->1152
 #: 0.46).  Hosts without AVX: AVX-512's rule (not measured)
 POINTWISE_GEMM = {"avx512": PointwiseRule(16, 32, 128, 24, 512, 128), "avx": PointwiseRule(16, 16, 0),
                   "other": PointwiseRule(16, 32, 128, 24, 512, 128)}
 
 
-def prefer_gemm(win: Window, m: int, kk: int) -> bool:
+def prefer_gemm(config: CodegenConfig, win: Window, m: int, kk: int) -> bool:
     """Whether the packed GEMM (im2col packed on the fly) beats the direct nests for this shape.
 
     Measured per shape, 2 threads (``scripts/bench_conv.py --repeat 30 --block 31`` and single
@@ -552,17 +554,15 @@ def prefer_gemm(win: Window, m: int, kk: int) -> bool:
     """
     rule = POINTWISE_GEMM[_window._isa()]
     if win.pointwise:
-        from polyml.codegen.gemm import threaded
-
-        return rule.takes_gemm(m, math.prod(win.out), kk, threaded())
+        return rule.takes_gemm(m, math.prod(win.out), kk, config.threaded)
     if _unpadded_1x1(win):
         # strided 1x1 without padding (ResNet's downsampling shortcuts): the GEMM packing the
         # subsampled columns, or the pointwise nests on a compact subsampled copy.  On AVX-512
-        # the ninth session kept the nests against a GEMM on stride-phase planes, which padded
+        # the nests beat a GEMM on stride-phase planes, which pads
         # each short row of pitch-space columns to whole panels (single layers with ReLU, 1
         # thread: 1x1/2 1024->2048 @14 2.63 -> 2.22 ms, 512->1024 @28 2.28 -> 2.00, 256->512 @56
-        # 2.23 -> 2.08); the packed columns (AVX2's since the tenth) win on 14x14 and 28x28
-        # outputs (sixteenth session, ResNet-50's steps, minimum of 10-12, GEMM / nests: 1
+        # 2.23 -> 2.08); the packed columns (as on AVX2) win on 14x14 and 28x28
+        # outputs (ResNet-50's steps, minimum of 10-12, GEMM / nests: 1
         # thread 512->1024 @28 0.82, 256->512 @56 0.90; 2 threads 0.90, 0.83) and lose on 7x7
         # ones (1024->2048 @14 1.14 at 1 and 2 threads: 49 positions in two panels)
         least = rule.strided_min_positions
@@ -570,7 +570,7 @@ def prefer_gemm(win: Window, m: int, kk: int) -> bool:
     channels = kk // math.prod(win.kernel)
     if channels <= STEM_MAX_CHANNELS:
         most = STEM_GEMM_MAX_TAPS[_window._isa()]
-        return reads_in_place(win, kk) and (most is None or math.prod(win.kernel) <= most)
+        return reads_in_place(config, win, kk) and (most is None or math.prod(win.kernel) <= most)
     if channels <= THIN_MAX_CHANNELS and all(s == 1 for s in win.strides):
         wide = THIN_GEMM_MIN_CHANNELS[_window._isa()]
         return wide is not None and m >= wide
@@ -672,11 +672,11 @@ class Conv(Kernel):
         return [TensorType((n, m, *win.out), x.dtype)]
 
     def temps(self, node: Node, ins: list[Operand | None], outs: list[TensorType]) -> list[TensorType]:
-        plan = _plan(node, ins[0].type, ins[1].type, ins[1].value is not None)
+        plan = _plan(self.config, node, ins[0].type, ins[1].type, ins[1].value is not None)
         return plan.temps + ([ins[0].type] if _scales_into_copy(node, plan) else [])
 
     def describe(self, node: Node, ins: list[Operand | None], outs: list[TensorType]) -> str:
-        plan = _plan(node, ins[0].type, ins[1].type, ins[1].value is not None)
+        plan = _plan(self.config, node, ins[0].type, ins[1].type, ins[1].value is not None)
         win, group = plan.win, int(node.attrs.get("group", 1))
         g = f" g{group}" if group > 1 else ""
         return (f"{'x'.join(map(str, win.kernel))}/{max(win.strides)} {ins[0].type.shape[1]}->{ins[1].type.shape[0]}{g} "
@@ -684,30 +684,30 @@ class Conv(Kernel):
 
     def _prepacks(self, node: Node, ins: list[Operand | None]) -> bool:
         """Constant weights of a gemm-mode convolution are packed at compile time."""
-        return ins[1].value is not None and _plan(node, ins[0].type, ins[1].type, True).mode in ("gemm", "gemm_inplace",
+        return ins[1].value is not None and _plan(self.config, node, ins[0].type, ins[1].type, True).mode in ("gemm", "gemm_inplace",
                                                                                                 "rows", "winograd")
 
     def constants(self, node: Node, ins: list[Operand | None]) -> list[np.ndarray]:
         if not self._prepacks(node, ins):
             return []
         w = np.asarray(ins[1].value, np.float32)
-        plan = _plan(node, ins[0].type, ins[1].type, True)
+        plan = _plan(self.config, node, ins[0].type, ins[1].type, True)
         if plan.mode == "winograd":
-            return [transform_weights(w, winograd_plan(node, ins[0].type, ins[1].type, plan.win))]
+            return [transform_weights(w, winograd_plan(self.config, node, ins[0].type, ins[1].type, plan.win))]
         if plan.mode == "rows":
             from polyml.codegen.gemm_rows import prepack_weights
 
             return [prepack_weights(w.reshape(w.shape[0], -1))]
         # one group's rows after another (a grouped convolution's products: _convolve_gemm)
         per_group = w.reshape(int(node.attrs.get("group", 1)), -1, math.prod(w.shape[1:]))
-        blk = packed.blocking_for_host()
+        blk = packed.blocking_for_host(self.config.gemm_blocking)
         return [np.concatenate([packed.prepack_a(g, blk, math.prod(w.shape[2:])) for g in per_group])]
 
     def replaced_inputs(self, node: Node, ins: list[Operand | None]) -> set[int]:
         return {1} if self._prepacks(node, ins) else set()
 
     def lower(self, k: KernelBuilder) -> None:
-        plan = _plan(k.node, k.in_types[0], k.in_types[1], k.values[1] is not None)
+        plan = _plan(self.config, k.node, k.in_types[0], k.in_types[1], k.values[1] is not None)
         if _scales_into_copy(k.node, plan):  # x·s into a copy the lowering reads as x
             k.inputs[0] = _scaled_copy(k, k.inputs[0], k.inputs[k.node.attrs["input_scale"]], k.temps[-1])
         if not self._convolve(k, plan):
@@ -732,9 +732,9 @@ class Conv(Kernel):
         if plan.mode == "rows":
             return _convolve_gemm(k, plan, None, next(temps) if plan.planes is not None else None)
         if plan.mode == "depthwise":
-            return convolve_depthwise(k, depthwise_plan(k.node, x.type, k.in_types[1], win), src_temp)
+            return convolve_depthwise(k, depthwise_plan(k.config, k.node, x.type, k.in_types[1], win), src_temp)
         if plan.mode == "winograd":
-            return convolve_winograd(k, winograd_plan(k.node, x.type, k.in_types[1], win), src_temp)
+            return convolve_winograd(k, winograd_plan(k.config, k.node, x.type, k.in_types[1], win), src_temp)
         # Every buffer is accessed through one array shape only: Polly gives an array a single
         # shape, and accesses through two (a 4-D store, a flattened load) make its
         # delinearization assumption false, which dismisses the op's whole SCoP.
@@ -837,7 +837,7 @@ def _convolve_gemm(k: KernelBuilder, plan: _Plan, scratch: Buffer, planes: Buffe
         load_b = packed.matrix_loader(1, n)
     else:
         pack_b = packed.im2col_packer(1, win.size, win.kernel, win.out[-1], n, win.strides, win.dilations,
-                                      win.pads_begin, packed.blocking_for_host().nr)
+                                      win.pads_begin, packed.blocking_for_host(k.config.gemm_blocking).nr)
     prepacked = bool(k.constants)  # the weights in panel order (Conv.constants)
     operands: list[Buffer] = [k.constants[0] if prepacked else w, b_operand]
     bias_at = None
@@ -869,6 +869,7 @@ def _convolve_gemm(k: KernelBuilder, plan: _Plan, scratch: Buffer, planes: Buffe
     def make_builder(fn: ir.Function) -> ir.IRBuilder:
         holder["k"] = sub = KernelBuilder(k.module, fn, k.node, [], [], [], [], [])
         sub.prefix = f"{k.prefix}.gemm"
+        sub.config = k.config
         return sub.b
 
     def tile_epilogue(b: ir.IRBuilder, ops, i, j, v):  # noqa: ANN001, ANN202

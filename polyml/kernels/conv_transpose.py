@@ -35,6 +35,7 @@ from polyml.errors import GraphError, ShapeError
 from polyml.graph import Node, TensorType
 from polyml.kernels import Kernel, Operand, register
 from polyml.kernels.conv import affine, auto_pad_of, copy_parallel, nest, view, window_problem
+from polyml.options import CodegenConfig
 
 #: the gemm mode's col2im emits one nest per tap: kernels with more taps use the direct nest
 GEMM_MAX_TAPS = 64
@@ -141,13 +142,13 @@ class Plan:
     temps: tuple[TensorType, ...]
 
 
-def _plan(node: Node, x: TensorType, w: TensorType) -> Plan:
+def _plan(config: CodegenConfig, node: Node, x: TensorType, w: TensorType) -> Plan:
     geo = geometry(node, x, w)
     group = int(node.attrs.get("group", 1))
     n, c = x.shape[:2]
     m = w.shape[1] * group
     taps = math.prod(geo.kernel)
-    scratch = _gemm_scratch(x, w, geo, group)
+    scratch = _gemm_scratch(config, x, w, geo, group)
     if scratch is not None:
         return Plan("gemm", geo, (TensorType((m * taps, n * math.prod(geo.size))), scratch))
     st, ext = geo.strides[-1], geo.extent
@@ -155,7 +156,7 @@ def _plan(node: Node, x: TensorType, w: TensorType) -> Plan:
     return Plan("direct", geo, acc)
 
 
-def _gemm_scratch(x: TensorType, w: TensorType, geo: Geometry, group: int) -> TensorType | None:
+def _gemm_scratch(config: CodegenConfig, x: TensorType, w: TensorType, geo: Geometry, group: int) -> TensorType | None:
     """The packed GEMM's scratch when the gemm mode applies, else None.
 
     Wherever the packed GEMM takes the product (one group, ``--conv`` not ``direct``): measured
@@ -163,16 +164,15 @@ def _gemm_scratch(x: TensorType, w: TensorType, geo: Geometry, group: int) -> Te
     64->3 @64x64, a GAN's last layer: 0.37 ms vs 12.4 ms, onnxruntime 0.37; 3x3/2 8->8 @64x64:
     0.22 vs 1.2, onnxruntime 0.26; 4x4/2 256->128 @32x32: 26 ms, onnxruntime 29), whose strided
     read-modify-write of the accumulator does not vectorize."""
-    from polyml.codegen import gemm as packed
     from polyml.kernels.matmul import packed_plan, packed_temps
 
     c, m = x.shape[1], w.shape[1]
     taps = math.prod(geo.kernel)
     rows, cols = m * taps, x.shape[0] * math.prod(geo.size)
-    if (not packed.enabled() or packed.conv_choice() == "direct" or group != 1
-            or taps > GEMM_MAX_TAPS or packed_plan(rows, cols, c) is None):
+    if (not config.packed or config.conv == "direct" or group != 1
+            or taps > GEMM_MAX_TAPS or packed_plan(config, rows, cols, c) is None):
         return None
-    return packed_temps(rows, cols, c)[0]
+    return packed_temps(config, rows, cols, c)[0]
 
 
 @register
@@ -200,16 +200,16 @@ class ConvTranspose(Kernel):
         return [TensorType((x.shape[0], m, *geo.out), x.dtype)]
 
     def temps(self, node: Node, ins: list[Operand | None], outs: list[TensorType]) -> list[TensorType]:
-        return list(_plan(node, ins[0].type, ins[1].type).temps)
+        return list(_plan(self.config, node, ins[0].type, ins[1].type).temps)
 
     def describe(self, node: Node, ins: list[Operand | None], outs: list[TensorType]) -> str:
-        p = _plan(node, ins[0].type, ins[1].type)
+        p = _plan(self.config, node, ins[0].type, ins[1].type)
         g = int(node.attrs.get("group", 1))
         return (f"{'x'.join(map(str, p.geo.kernel))}/{max(p.geo.strides)} {ins[0].type.shape[1]}->{outs[0].shape[1]}"
                 f"{f' g{g}' if g > 1 else ''} @{'x'.join(map(str, p.geo.size))} {p.mode}")
 
     def _prepacks(self, node: Node, ins: list[Operand | None]) -> bool:
-        return ins[1].value is not None and _plan(node, ins[0].type, ins[1].type).mode == "gemm"
+        return ins[1].value is not None and _plan(self.config, node, ins[0].type, ins[1].type).mode == "gemm"
 
     def constants(self, node: Node, ins: list[Operand | None]) -> list[np.ndarray]:
         """Constant weights of the gemm mode as the product's A = Wᵀ (M·taps x C), pre-packed."""
@@ -218,14 +218,15 @@ class ConvTranspose(Kernel):
         from polyml.codegen import gemm as packed
 
         w = np.asarray(ins[1].value, np.float32)
-        return [packed.prepack_a(np.ascontiguousarray(w.reshape(w.shape[0], -1).T), packed.blocking_for_host())]
+        blk = packed.blocking_for_host(self.config.gemm_blocking)
+        return [packed.prepack_a(np.ascontiguousarray(w.reshape(w.shape[0], -1).T), blk)]
 
     def replaced_inputs(self, node: Node, ins: list[Operand | None]) -> set[int]:
         return {1} if self._prepacks(node, ins) else set()
 
     def lower(self, k: KernelBuilder) -> None:
         x = k.inputs[0]
-        p = _plan(k.node, x.type, k.in_types[1])
+        p = _plan(self.config, k.node, x.type, k.in_types[1])
         if p.mode == "gemm":
             _lower_gemm(k, p)
         else:

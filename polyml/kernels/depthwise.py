@@ -58,6 +58,7 @@ from polyml.codegen.builder import (
 from polyml.graph import Node, TensorType
 from polyml.kernels._window import VECTOR_LANES, Window, _isa, register_epilogue
 from polyml.kernels.fused import evaluate_chain
+from polyml.options import CodegenConfig
 
 #: planes·taps·outputs below which the convolution runs on one thread (the fork/join of a
 #: parallel region costs more than it saves)
@@ -72,26 +73,25 @@ VECTOR_ROW_MAX_STRIDE = 2
 #: vector widths whose unaligned tap reads are plain unaligned loads (AVX2: a 32-byte load
 #: crosses a cache line at half the offsets); AVX-512's 16 lanes shift two aligned vectors
 #: instead (:func:`_step`).  On AVX2 the two-source lane shift is a ``vperm2f128`` and one or
-#: two ``vshufps`` per tap (eleventh session, Zen 1 EPYC, single depthwise layers with ReLU6, 1
+#: two ``vshufps`` per tap (Zen 1 EPYC, single depthwise layers with ReLU6, 1
 #: thread CPU time, minimum of 40, unaligned / shifted: 3x3 576 @14 0.66, 144 @56 0.78, 3x3/2
 #: 96 @112 0.65, 960 @7 0.92)
 UNALIGNED_MAX_LANES = 8
-#: :func:`_chain_after_crop` (``POLYML_DW_CHAIN_AFTER_CROP=0`` for the chain per plane)
-CHAIN_AFTER_CROP = os.environ.get("POLYML_DW_CHAIN_AFTER_CROP", "1") != "0"
+#: :func:`_chain_after_crop` (False: the chain per plane)
+CHAIN_AFTER_CROP = True
 #: the interleave count asked of LLVM for that loop (its own choice was 1: one logistic at a
-#: time, bound by the latency of its polynomial; fourteenth session, EfficientNet-B0's 7x7
+#: time, bound by the latency of its polynomial; EfficientNet-B0's 7x7
 #: depthwise steps at 2 threads, two runs, 4 / 1: 0.93-0.97)
-CHAIN_INTERLEAVE = int(os.environ.get("POLYML_DW_CHAIN_INTERLEAVE", "4"))
+CHAIN_INTERLEAVE = 4
 #: row-wise planes (AVX-512) store each output row from the accumulator's registers, the last
 #: vector masked, instead of a scalar crop loop reading the row back from the accumulator
-#: (``POLYML_DW_ROW_VECTORS=0`` for the crop loop, for A/B measurements)
-ROW_VECTOR_STORES = os.environ.get("POLYML_DW_ROW_VECTORS", "1") != "0"
-#: :func:`_register_chain` (``POLYML_DW_REGISTER_EPILOGUE=0``: the chain as a pass, for A/B measurements)
-REGISTER_CHAIN = os.environ.get("POLYML_DW_REGISTER_EPILOGUE", "1") != "0"
+ROW_VECTOR_STORES = True
+#: :func:`_register_chain` (False: the chain as a pass)
+REGISTER_CHAIN = True
 #: :attr:`DepthwisePlan.interleaved`
-INTERLEAVE_COPY = os.environ.get("POLYML_DW_INTERLEAVE", "1") != "0"
+INTERLEAVE_COPY = True
 #: :attr:`DepthwisePlan.row_bands`
-ROW_BANDS = os.environ.get("POLYML_DW_ROW_BANDS", "1") != "0"
+ROW_BANDS = True
 #: fewest output rows in a thread's band (smaller planes keep the plane split: each thread
 #: would set up every plane for a few rows)
 BAND_MIN_ROWS = 28
@@ -169,10 +169,9 @@ class DepthwisePlan:
         """Row-wise planes copied in one at a time (:attr:`group` 1: planes larger than
         :data:`GROUP_FLOATS`) copy each input row just before the first output row that reads
         it, so the rows are read from L1 and the input's loads overlap the FMAs.  Strided rows
-        on AVX-512 only (sixteenth session, MobileNetV2 at 2 threads, per step, minimum of 12,
+        on AVX-512 only (MobileNetV2 at 2 threads, per step, minimum of 12,
         interleaved / whole plane: 3x3/2 96 @112 0.82-0.83, the model 0.99-1.0; EfficientNet-B0's
-        with SiLU 1.01; unstrided 3x3 32 @112 1.12-1.24; AVX2 not measured).
-        ``POLYML_DW_INTERLEAVE=0``: the whole plane first, for A/B measurements."""
+        with SiLU 1.01; unstrided 3x3 32 @112 1.12-1.24; AVX2 not measured)."""
         return (INTERLEAVE_COPY and self.rowwise and self.group == 1 and self.phases[0] > 1
                 and self.lanes > UNALIGNED_MAX_LANES)
 
@@ -184,7 +183,7 @@ class DepthwisePlan:
         between the threads (:func:`polyml.codegen.gemm.split`), so a plane split reads half of
         each plane from the other core's cache and leaves half of its output there for the
         next product; bands keep both on the core that wrote them.  Row-wise planes of batch 1
-        on AVX-512 (AVX2 not measured).  ``POLYML_DW_ROW_BANDS=0``: planes, for A/B measurements."""
+        on AVX-512 (AVX2 not measured)."""
         return (ROW_BANDS and self.parts > 1 and self.rowwise and self.batch == 1
                 and self.lanes > UNALIGNED_MAX_LANES and self.band >= BAND_MIN_ROWS
                 and (self.parts - 1) * self.band < self.win.out[0])
@@ -209,14 +208,14 @@ class DepthwisePlan:
         return TensorType((self.parts * self.per_thread,))
 
 
-def depthwise_plan(node: Node, x: TensorType, w: TensorType, win: Window) -> DepthwisePlan | None:
+def depthwise_plan(config: CodegenConfig, node: Node, x: TensorType, w: TensorType, win: Window) -> DepthwisePlan | None:
     """The plan when this Conv is depthwise (``group = C = M``, two spatial dims) in a host
     build that lets convolutions leave the plain nests (the packed GEMM on, ``conv`` not
     ``direct``), else None."""
     group = int(node.attrs.get("group", 1))
     if win.rank != 2 or group == 1 or group != x.shape[1] or w.shape[0] != group or w.shape[1] != 1:
         return None
-    if not packed.enabled() or packed.conv_choice() == "direct":
+    if not config.packed or config.conv == "direct":
         return None
     planes = x.shape[0] * group
     macs = planes * math.prod(win.kernel) * math.prod(win.out)
@@ -301,8 +300,8 @@ def _chain_after_crop(k: KernelBuilder, plan: DepthwisePlan) -> bool:
     countable loop over contiguous floats) instead of per plane on the flat accumulator, whose
     padding lanes it would compute too (a 7x7 plane on an 11-wide pitch: 80 lanes for 49
     outputs): planes narrower than a vector (not :attr:`DepthwisePlan.rowwise`) and a chain with
-    no inputs of its own (SiLU; not a per-channel scale or a clip's bounds).  Fourteenth
-    session, EfficientNet-B0 per step, three runs at 1 and 2 threads: 5x5 1152 @7x7 with SiLU
+    no inputs of its own (SiLU; not a per-channel scale or a clip's bounds).  Measured on
+    EfficientNet-B0 per step, three runs at 1 and 2 threads: 5x5 1152 @7x7 with SiLU
     0.87-0.89x, 3x3 1152 @7x7 0.89-0.90x.  Rows of 14 and 28 outputs (LLVM gives their element
     loop a masked tail) measured 0.82x at 1 thread, and at 2 in the model 0.95x in a fast spell
     and 1.3-2.0x in a slow one (the same runs, interleaved 4): not taken."""
@@ -530,7 +529,7 @@ def _copy_row_vectors(b: ir.IRBuilder, plan: DepthwisePlan, src_row: ir.Value | 
     stay the zeros written once per thread.  Replaces the scalar loops LLVM made of the short
     rows' remainders: the copy ran 3x slower than a memcpy of the same bytes.  With AVX2's
     widths (:data:`UNALIGNED_MAX_LANES`) the partial vectors are loaded and stored lane by lane
-    instead: ``vmaskmovps`` is microcoded on AMD's cores (eleventh session, Zen 1 EPYC, single
+    instead: ``vmaskmovps`` is microcoded on AMD's cores (Zen 1 EPYC, single
     layers with ReLU6, 1 thread CPU time, minimum of 60, lanes / masked: 3x3 960 @7 0.62, 5x5
     1152 @7 0.76, 3x3 576 @14 0.83; 40 runs: 3x3/2 144 @56 0.70, 3x3/2 96 @112 1.01).
     With ``vectors`` (the row's ``L``-float vectors from its first column, lanes past the used

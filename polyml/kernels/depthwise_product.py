@@ -19,7 +19,7 @@ phase row ``p`` lives in slot ``p mod M``, and kernel row ``i`` of output row ``
 :func:`polyml.kernels.depthwise._step`).  Each phase row's first input column is stored at a
 vector boundary (:meth:`ProductPlan.lead`), so the row's stores are aligned, its padding
 columns at the end of the row before (zeroed once per call, never written after); pad rows
-are written as zeros when they enter the ring.  Twentieth session, MobileNetV2's 1x1 16->96 +
+are written as zeros when they enter the ring.  Measured on MobileNetV2's 1x1 16->96 +
 3x3/2 @112 at 2 threads, in a loop: misaligned rows written twice in a ring of ``2M`` rows
 0.31 ms, aligned 0.27, aligned in ``M`` rows 0.21.
 
@@ -45,7 +45,6 @@ from dataclasses import dataclass
 
 import llvmlite.ir as ir
 
-from polyml import options
 from polyml.codegen import gemm as packed
 from polyml.codegen.builder import (
     F32,
@@ -71,15 +70,14 @@ from polyml.kernels.depthwise import (
     depthwise_plan,
     tap_weights,
 )
+from polyml.options import CodegenConfig
 
 DEPTHWISE_PRODUCT_OP = "polyml.DepthwiseProduct"
-#: ``POLYML_DW_PRODUCT=0``: the pass makes no DepthwiseProduct (for A/B measurements)
-ENABLED = options.value("POLYML_DW_PRODUCT")
 #: most expansion input channels (the reduction is a loop over them per row and block)
 MAX_K = 64
 #: smallest expanded tensor fused: smaller ones stay in L2 between the two unfused steps, where
-#: the packed GEMM and the depthwise kernel each beat the fused nest (twentieth session,
-#: MobileNetV2 per step, minimum of 30, fused / the pair, 2 threads: 1x1 16->96 + 3x3/2 @112
+#: the packed GEMM and the depthwise kernel each beat the fused nest
+#: (MobileNetV2 per step, minimum of 30, fused / the pair, 2 threads: 1x1 16->96 + 3x3/2 @112
 #: (4.8 MB) 0.71, 24->144 + 3x3/1 @56 (1.8 MB) 0.92, + 3x3/2 0.89, 32->192 + 3x3/1 @28 (0.6 MB)
 #: 1.06-1.09; 1 thread 0.62, 0.91, 0.82, 0.93-0.96)
 MIN_EXPANDED_BYTES = 1 << 20
@@ -158,7 +156,7 @@ class ProductPlan:
         """The threads split the output rows (each computes every channel of the input rows
         its band reads, the ``KH - sh`` rows between two bands twice), not the channels.  x was
         written by a product that split the positions: a channel split reads half of x from the
-        other core (twentieth session, MobileNetV2 at 2 threads, per step, fused / the unfused
+        other core (MobileNetV2 at 2 threads, per step, fused / the unfused
         pair with a channel split / with 14-row bands: 1x1 24->144 + 3x3/2 @56 0.95 / 0.89,
         32->192 + 3x3/1 @28 1.29-1.33 / 1.06-1.09)."""
         return self.dw.parts > 1 and (self.dw.parts - 1) * self.band < self.dw.win.out[0]
@@ -176,18 +174,18 @@ class ProductPlan:
         return TensorType((self.dw.parts * self.share * self.plane_floats,))
 
 
-def product_plan(node: Node, x: TensorType, w_e: TensorType, w_d: TensorType) -> ProductPlan | None:
+def product_plan(config: CodegenConfig, node: Node, x: TensorType, w_e: TensorType, w_d: TensorType) -> ProductPlan | None:
     """The plan of ``node`` (the depthwise Conv's attributes) reading the 1x1 product of ``x``
     (``[1, K, H, W]``) with ``w_e`` (``[C, K, 1, 1]``), or None where the fused form is not made
     (module docstring)."""
-    if not ENABLED or len(x.shape) != 4 or x.shape[0] != 1 or x.dtype != "float32" or x.shape[1] > MAX_K:
+    if not config.dw_product or len(x.shape) != 4 or x.shape[0] != 1 or x.dtype != "float32" or x.shape[1] > MAX_K:
         return None
     if len(w_e.shape) != 4 or w_e.shape[1:] != (x.shape[1], 1, 1):
         return None
     t = TensorType((1, w_e.shape[0], *x.shape[2:]), "float32")
     if 4 * math.prod(t.shape) < MIN_EXPANDED_BYTES:
         return None
-    dw = depthwise_plan(node, t, w_d, conv_window(node, t, w_d))
+    dw = depthwise_plan(config, node, t, w_d, conv_window(node, t, w_d))
     if dw is None or not dw.rowwise or dw.lanes <= UNALIGNED_MAX_LANES or dw.phases[1] > VECTOR_ROW_MAX_STRIDE:
         return None
     vectors = -(-dw.used_columns // dw.lanes)
@@ -211,7 +209,7 @@ class DepthwiseProduct(Kernel):
     polly = "off"
 
     def _plan(self, node: Node, types: list[TensorType | None]) -> ProductPlan:
-        plan = product_plan(node, types[X], types[W_E], types[W_D])
+        plan = product_plan(self.config, node, types[X], types[W_E], types[W_D])
         if plan is None:  # the pass made the node with the same test
             raise AssertionError(f"{node.label}: no fused form for {DEPTHWISE_PRODUCT_OP}")
         return plan

@@ -51,6 +51,7 @@ from polyml.kernels.matmul import (
     prefer_wide_vectors,
     view,
 )
+from polyml.options import CodegenConfig
 
 ELLIPSIS = "."  # ellipsis dimension j (right-aligned over all operands) is the label ".j"
 
@@ -227,15 +228,15 @@ def _subsets(labels: Sequence[str]) -> list[tuple[str, ...]]:
     return [c for r in range(len(labels) + 1) for c in itertools.combinations(labels, r)]
 
 
-def product_plan(eq: Equation, shapes: Sequence[tuple[int, ...]]) -> Product | None:
+def product_plan(config: CodegenConfig, eq: Equation, shapes: Sequence[tuple[int, ...]]) -> Product | None:
     """The packed-GEMM plan with the fewest copied elements, then the fewest products, or None
-    (not a product, a matrix-vector product, too small, or the packed GEMM is off).
+    (not a product, a matrix-vector product, too small, or the packed GEMM is off in ``config``).
 
     Besides L/R and the flattening orders, the plan may treat m or n labels as batch labels
     of the other operand with stride 0 (numpy-broadcast batch dims, as MatMul's): a label
     that would break the flattening of C or of its operand then costs smaller products
     instead of a copy."""
-    if len(eq.inputs) != 2 or not packed.enabled() or any(v == 0 for v in eq.extents.values()):
+    if len(eq.inputs) != 2 or not config.packed or any(v == 0 for v in eq.extents.values()):
         return None
     ext = eq.extents
     st = [label_strides(lab, shp) for lab, shp in zip(eq.inputs, shapes)]
@@ -258,7 +259,7 @@ def product_plan(eq: Equation, shapes: Sequence[tuple[int, ...]]) -> Product | N
             ns = [lab for lab in kinds["n"] if lab not in dn]
             count = math.prod(ext[lab] for lab in batch)
             mm, nn, kk = (math.prod(ext[lab] for lab in group) for group in (ms, ns, kinds["k"]))
-            if nn < 2 or not (batched_plan(count, mm, nn, kk) if count > 1 else packed_plan(mm, nn, kk)):
+            if nn < 2 or not (batched_plan(config, count, mm, nn, kk) if count > 1 else packed_plan(config, mm, nn, kk)):
                 continue
             for om, on, ok in itertools.product(_orders(ms, st_out, sl), _orders(ns, st_out, sr),
                                                 _orders(kinds["k"], sl, sr)):
@@ -304,11 +305,10 @@ class Einsum(Kernel):
                     "(contract more pairwise, e.g. with one Einsum per pair)")
         return super().supports(node, ins)
 
-    @staticmethod
-    def _setup(node: Node, ins: Sequence[TensorType | None]) -> tuple[Equation, list[tuple[int, ...]], Product | None]:
+    def _setup(self, node: Node, ins: Sequence[TensorType | None]) -> tuple[Equation, list[tuple[int, ...]], Product | None]:
         shapes = [t.shape for t in ins]
         eq = parse(node, shapes)
-        return eq, shapes, product_plan(eq, shapes)
+        return eq, shapes, product_plan(self.config, eq, shapes)
 
     def infer(self, node: Node, ins: list[Operand | None]) -> list[TensorType]:
         eq = parse(node, [op.type.shape for op in ins])
@@ -338,7 +338,7 @@ class Einsum(Kernel):
         if plan is None:
             return []
         count, m, n, kk = plan.sizes
-        t = batched_temps(count, m, n, kk) if count > 1 else packed_temps(m, n, kk)
+        t = batched_temps(self.config, count, m, n, kk) if count > 1 else packed_temps(self.config, m, n, kk)
         t += [TensorType((plan.elements(mat),)) for mat in (plan.a, plan.b, plan.c) if mat.copy]
         return t
 
@@ -352,8 +352,7 @@ class Einsum(Kernel):
             self._product(k, eq, plan)
 
     # -- the packed GEMM ------------------------------------------------------------------------
-    @staticmethod
-    def _product(k: KernelBuilder, eq: Equation, plan: Product) -> None:
+    def _product(self, k: KernelBuilder, eq: Equation, plan: Product) -> None:
         prefer_wide_vectors(k.fn)
         ext = eq.extents
         temps = iter(k.temps[1:])
@@ -376,7 +375,7 @@ class Einsum(Kernel):
             operands.append(tmp)
         c_tmp, c_labs = canonical(plan.c) if plan.c.copy else (out, [])
         count, m, n, kk = plan.sizes
-        lda = plan.a.rs if count > 1 and plan.a.cs == 1 and a_in_place(n) else 0
+        lda = plan.a.rs if count > 1 and plan.a.cs == 1 and a_in_place(self.config, n) else 0
         spec = packed.GemmSpec(m, n, kk, _loader(0, plan.a), _loader(1, plan.b), 2, ldc=plan.c.rs or n, lda=lda)
         if count > 1:
             batched_product(k, spec, operands, c_tmp, k.temps[0], [ext[lab] for lab in plan.batch],

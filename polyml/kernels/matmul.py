@@ -54,6 +54,7 @@ from polyml.codegen.builder import F32, Buffer, KernelBuilder, pointer_type, spl
 from polyml.errors import ShapeError
 from polyml.graph import Node, TensorType
 from polyml.kernels import Kernel, Operand, broadcast_shapes, register
+from polyml.options import CodegenConfig
 
 
 def view(k: KernelBuilder, buf: Buffer, shape: Sequence[int]) -> Buffer:
@@ -146,6 +147,7 @@ def gemm_function(k: KernelBuilder, m: int, n: int, kk: int, suffix: str = "gemm
         arg.name = role
     sub = KernelBuilder(k.module, fn, k.node, [], [], [], [], [])
     sub.prefix = f"{k.prefix}.{suffix}"
+    sub.config = k.config
     a, b, c = (Buffer(sub, arg, t, role) for arg, t, role in zip(fn.args, tys, ("A", "B", "C")))
     gemm_nests(sub, a, b, c)
     sub.b.ret_void()
@@ -153,9 +155,9 @@ def gemm_function(k: KernelBuilder, m: int, n: int, kk: int, suffix: str = "gemm
 
 
 #: products with at least this many multiply-adds split their rows over the cores (below it
-#: the threads' start-up and the second packing of B cost more than they save).  2^21 until
-#: the sixteenth session, which found SqueezeNet's 13x13 1x1 convolutions as fast at 2 threads
-#: as at 1 (a fork/join costs 0.8 us on that host): 2^19, per step of whole models at 2
+#: the threads' start-up and the second packing of B cost more than they save).  With 2^21
+#: SqueezeNet's 13x13 1x1 convolutions ran as fast at 2 threads
+#: as at 1 (a fork/join costs 0.8 us on that host); 2^19 / 2^21, per step of whole models at 2
 #: threads, minimum of 20: 256->48 @13 0.71, 48->192 @13 0.69-0.76, ShuffleNet's grouped 1x1
 #: on 14x14 and 7x7 0.53-0.58 (their neighbours 1.1-1.2: the step sums 0.995); whole models,
 #: 60 runs, minimum / median: SqueezeNet 0.99 / 0.99, ShuffleNet 1.00 / 1.02, Inception-v1
@@ -210,16 +212,18 @@ def parallel_gemm(k: KernelBuilder, a: Buffer, b: Buffer, c: Buffer) -> bool:
 PACKED_MIN_MACS = 1 << 15
 
 
-def packed_plan(m: int, n: int, kk: int, b_constant: bool = False) -> tuple[packed.Blocking, int] | None:
-    """(blocking, thread shares) of the packed GEMM for an MxK @ KxN product, or None.
+def packed_plan(config: CodegenConfig, m: int, n: int, kk: int,
+                b_constant: bool = False) -> tuple[packed.Blocking, int] | None:
+    """(blocking, thread shares) of the packed GEMM for an MxK @ KxN product in a build of
+    ``config``, or None (``config.packed`` off, or too small).
 
     Fewer rows than a register tile only with a constant B (weights, pre-packed at compile
     time): the micro-kernel then streams B's panels once, which beats the plain nests 3-27x
     (1x1280 @ 1280x1000: 1.19 -> 0.39 ms; 4x768 @ 768x3072: 13.4 -> 0.50 ms, onnxruntime 0.51),
     whereas packing a computed B on every call would cost as much as the product."""
-    if not packed.enabled():
+    if not config.packed:
         return None
-    blk = packed.blocking_for_host()
+    blk = packed.blocking_for_host(config.gemm_blocking)
     if (m < blk.mr and not b_constant) or m * n * kk < PACKED_MIN_MACS:
         return None
     cores = os.cpu_count() or 1
@@ -227,9 +231,9 @@ def packed_plan(m: int, n: int, kk: int, b_constant: bool = False) -> tuple[pack
     return blk, parts
 
 
-def packed_temps(m: int, n: int, kk: int, b_constant: bool = False) -> list[TensorType]:
+def packed_temps(config: CodegenConfig, m: int, n: int, kk: int, b_constant: bool = False) -> list[TensorType]:
     """The packing scratch :func:`packed_product` needs (empty when the product stays plain)."""
-    plan = packed_plan(m, n, kk, b_constant)
+    plan = packed_plan(config, m, n, kk, b_constant)
     if plan is None:
         return []
     spec = packed.GemmSpec(m, n, kk, packed.matrix_loader(0, kk), packed.matrix_loader(1, n), 2)
@@ -238,8 +242,9 @@ def packed_temps(m: int, n: int, kk: int, b_constant: bool = False) -> list[Tens
 
 
 def packed_product(k: KernelBuilder, spec: packed.GemmSpec, operands: Sequence[Buffer], c: Buffer, scratch: Buffer) -> None:
-    """``spec`` through the packed GEMM into ``c`` (threads only where the op may use them)."""
-    blk, parts = packed_plan(spec.m, spec.n, spec.k, spec.prepacked_b)
+    """``spec`` through the packed GEMM into ``c`` (threads only where the op may use them;
+    the plan of ``k.config``)."""
+    blk, parts = packed_plan(k.config, spec.m, spec.n, spec.k, spec.prepacked_b)
     packed.emit_gemm(k, spec, operands, c, scratch, blk, parts if k.parallel else 1)
 
 
@@ -263,16 +268,18 @@ def _shape_spec(m: int, n: int, kk: int) -> packed.GemmSpec:
     return packed.GemmSpec(m, n, kk, packed.matrix_loader(0, kk), packed.matrix_loader(1, n), 2)
 
 
-def batched_plan(count: int, m: int, n: int, kk: int, parallel: bool = True) -> BatchedPlan | None:
-    """The packed GEMM for ``count`` independent M×K @ K×N products, or None (plain nests).
+def batched_plan(config: CodegenConfig, count: int, m: int, n: int, kk: int,
+                 parallel: bool = True) -> BatchedPlan | None:
+    """The packed GEMM for ``count`` independent M×K @ K×N products in a build of ``config``,
+    or None (plain nests).
 
     The batch is the parallel dimension: with ``T`` cores each product is cut into the
     number of shares ``p ≤ T`` that minimizes the busiest thread's work ``⌈count·p/T⌉ / p``
     (in products; ties: fewer shares), so 12 heads on 2 cores run whole products, 6 per
     thread, and 3 heads are cut in halves instead of leaving one core idle for a third."""
-    if not packed.enabled() or count < 1:
+    if not config.packed or count < 1:
         return None
-    blk = packed.blocking_for_host()
+    blk = packed.blocking_for_host(config.gemm_blocking)
     macs = count * m * n * kk
     if m < blk.mr or macs < PACKED_MIN_MACS:
         return None
@@ -297,14 +304,14 @@ def batched_plan(count: int, m: int, n: int, kk: int, parallel: bool = True) -> 
 IN_PLACE_A_MAX_PANELS = 4
 
 
-def a_in_place(n: int) -> bool:
+def a_in_place(config: CodegenConfig, n: int) -> bool:
     """Whether a batched product with N columns reads A in place instead of packing it."""
-    return -(-n // packed.blocking_for_host().nr) <= IN_PLACE_A_MAX_PANELS
+    return -(-n // packed.blocking_for_host(config.gemm_blocking).nr) <= IN_PLACE_A_MAX_PANELS
 
 
-def batched_temps(count: int, m: int, n: int, kk: int) -> list[TensorType]:
+def batched_temps(config: CodegenConfig, count: int, m: int, n: int, kk: int) -> list[TensorType]:
     """The packing scratch of :func:`batched_product` (empty when the products stay plain)."""
-    plan = batched_plan(count, m, n, kk)
+    plan = batched_plan(config, count, m, n, kk)
     return [TensorType((plan.slots * plan.per,))] if plan else []
 
 
@@ -316,9 +323,10 @@ def batched_product(k: KernelBuilder, spec: packed.GemmSpec, operands: Sequence[
     where the operand is broadcast along it): the per-product base pointers are affine in β.
     The domain ``{[β, s] : 0 ≤ s < shares}`` is flattened and cut into :class:`BatchedPlan`'s
     slots, one ``parallel_loop`` iteration each; a slot walks its units in order and calls
-    one block function of the spec (constant sizes) per unit with its own packing scratch."""
+    one block function of the spec (constant sizes) per unit with its own packing scratch
+    (the plan of ``k.config``)."""
     count = math.prod(batch)
-    plan = batched_plan(count, spec.m, spec.n, spec.k, k.parallel)
+    plan = batched_plan(k.config, count, spec.m, spec.n, spec.k, k.parallel)
     if plan is None or scratch.type.size < plan.slots * plan.per:
         raise AssertionError(f"{k.node.label}: no batched GEMM plan or scratch too small for {count} x {spec.m}x{spec.n}x{spec.k}")
     attrs = [a for a in k.fn.attributes if a != "noinline"]
@@ -384,13 +392,13 @@ class Gemm(Kernel):
     def _packed_plan(self, node: Node, ins: list[Operand | None]) -> tuple[packed.Blocking, int] | None:
         if self._gemv(node, ins):
             return None
-        return packed_plan(*self._dims(node, ins), b_constant=self._b_constant(node, ins[1].value is not None))
+        return packed_plan(self.config, *self._dims(node, ins), b_constant=self._b_constant(node, ins[1].value is not None))
 
     def _gemv(self, node: Node, ins: list[Operand | None]) -> bool:
         """Whether the product runs on :func:`gemv_rows`: one row (a batch-1 classifier), A
         not transposed, constant B, host builds, enough work for the threads."""
         m, n, kk = self._dims(node, ins)
-        return (packed.enabled() and m == 1 and not node.attrs.get("transA", 0) and ins[1].value is not None
+        return (self.config.packed and m == 1 and not node.attrs.get("transA", 0) and ins[1].value is not None
                 and n * kk >= GEMV_MIN_MACS)
 
     @staticmethod
@@ -415,7 +423,7 @@ class Gemm(Kernel):
         if self._gemv(node, ins):
             return []
         if self._packed_plan(node, ins):
-            return packed_temps(m, n, kk, self._b_constant(node, ins[1].value is not None))
+            return packed_temps(self.config, m, n, kk, self._b_constant(node, ins[1].value is not None))
         t = []
         if node.attrs.get("transA", 0):
             t.append(TensorType((m, kk)))
@@ -432,7 +440,8 @@ class Gemm(Kernel):
         if ins[1].value is None or not self._packed_plan(node, ins):
             return []
         w = np.asarray(ins[1].value, np.float32)
-        return [packed.prepack_b(w.T if node.attrs.get("transB", 0) else w, packed.blocking_for_host())]
+        return [packed.prepack_b(w.T if node.attrs.get("transB", 0) else w,
+                                 packed.blocking_for_host(self.config.gemm_blocking))]
 
     def replaced_inputs(self, node: Node, ins: list[Operand | None]) -> set[int]:
         return {1} if self.constants(node, ins) else set()
@@ -450,7 +459,7 @@ class Gemm(Kernel):
         ins = [None if t is None else Operand(f"in{i}", t, v) for i, (t, v) in enumerate(zip(k.in_types, k.values))]
         if self._gemv(k.node, ins):
             gemv_rows(k, a, k.constants[0], y)
-        elif packed_plan(m, n, kk, self._b_constant(k.node, k.values[1] is not None)):
+        elif packed_plan(self.config, m, n, kk, self._b_constant(k.node, k.values[1] is not None)):
             self._packed(k, a, b, c, y, alpha, beta)
             return
         else:
@@ -545,7 +554,7 @@ class MatMul(Kernel):
         if int(np.prod(sb[:-2], dtype=np.int64)) != 1:
             return None
         rows = int(np.prod(batch, dtype=np.int64)) * m
-        return (rows, n, kk) if packed_plan(rows, n, kk, b_constant) else None
+        return (rows, n, kk) if packed_plan(self.config, rows, n, kk, b_constant) else None
 
     def _batched(self, node: Node, sa: tuple[int, ...], sb: tuple[int, ...]) -> tuple[int, int, int, int] | None:
         """(products, M, N, K) when B has batch dims and the products run on the packed GEMM."""
@@ -553,7 +562,7 @@ class MatMul(Kernel):
         if int(np.prod(sb[:-2], dtype=np.int64)) == 1:
             return None
         count = int(np.prod(batch, dtype=np.int64))
-        return (count, m, n, kk) if batched_plan(count, m, n, kk) else None
+        return (count, m, n, kk) if batched_plan(self.config, count, m, n, kk) else None
 
     def policy(self, node: Node, ins: list[Operand | None]) -> str:
         sa, sb = ins[0].type.shape, ins[1].type.shape
@@ -570,9 +579,9 @@ class MatMul(Kernel):
         sa, sb = ins[0].type.shape, ins[1].type.shape
         dims = self._packed_dims(node, sa, sb, ins[1].value is not None)
         if dims:
-            return packed_temps(*dims, b_constant=ins[1].value is not None)
+            return packed_temps(self.config, *dims, b_constant=ins[1].value is not None)
         batched = self._batched(node, sa, sb)
-        return batched_temps(*batched) if batched else []
+        return batched_temps(self.config, *batched) if batched else []
 
     def constants(self, node: Node, ins: list[Operand | None]) -> list[np.ndarray]:
         """A constant single-matrix B (weights) pre-packed in panel order for the packed GEMM."""
@@ -581,7 +590,8 @@ class MatMul(Kernel):
         if ins[1].value is None or dims is None:
             return []
         _, n, kk = dims
-        return [packed.prepack_b(np.asarray(ins[1].value, np.float32).reshape(kk, n), packed.blocking_for_host())]
+        return [packed.prepack_b(np.asarray(ins[1].value, np.float32).reshape(kk, n),
+                                 packed.blocking_for_host(self.config.gemm_blocking))]
 
     def replaced_inputs(self, node: Node, ins: list[Operand | None]) -> set[int]:
         return {1} if self.constants(node, ins) else set()
@@ -615,7 +625,7 @@ class MatMul(Kernel):
             sb = (*(1,) * (nb + 2 - b.rank), *b.shape)
             strides = [[0 if s[d] == 1 else math.prod(s[d + 1:]) for d in range(nb)] for s in (sa, sb, (*batch, m, n))]
             spec = packed.GemmSpec(m, n, kk, packed.matrix_loader(0, kk), packed.matrix_loader(1, n), 2,
-                                   lda=kk if a_in_place(n) else 0)
+                                   lda=kk if a_in_place(self.config, n) else 0)
             batched_product(k, spec, [a, b], y, k.temps[0], batch, strides)
             return
         # batched B: for each batch index, C[b] = A[bcast(b)] @ B[bcast(b)] via a 2-D GEMM function

@@ -55,7 +55,6 @@ from collections.abc import Callable
 import llvmlite.ir as ir
 import numpy as np
 
-from polyml import options
 from polyml.codegen.builder import (
     REASSOC,
     Buffer,
@@ -81,18 +80,17 @@ UNROLL_TAPS = 32
 MAX_ROW = 1 << 14
 #: max pooling that needs no padded copy goes row by row too where its output rows are at
 #: most this wide: the unrolled nest's last loop is shorter than a 16-lane vector there and
-#: LLVM vectorized an outer loop with gathers (ninth session, single MaxPool, 1 thread,
+#: LLVM vectorized an outer loop with gathers (single MaxPool, 1 thread,
 #: minimum of 300, unrolled -> rows: 2x2/2 512@28 0.342 -> 0.093 ms, 512@14 0.056 -> 0.027,
 #: 3x3/2 480@28 0.335 -> 0.121, 256@27 (SqueezeNet) 0.180 -> 0.073, 832@14 0.110 -> 0.050;
 #: from 16 columns the unrolled nest is as fast or faster: 2x2/2 128@32 0.013 vs 0.017,
 #: 256@56 0.053 vs 0.083, 3x3/2 256@40 0.049 vs 0.076, 128@55 and 64@111 tie)
 ROWS_MAX_UNPADDED_WIDTH = 15
 #: :func:`_max_rows_vectors` for the pools it applies to: the separable ones and, without
-#: padding, any output width (sixteenth session, SqueezeNet's 3x3/2 pools per step at 2
+#: padding, any output width (SqueezeNet's 3x3/2 pools per step at 2
 #: threads, minimum of 20: 27x27 -> 13x13 0.50 against the row loops, 111 -> 55 and 55 -> 27
 #: 0.78 against the unrolled nest; ResNet-50's padded 112 -> 56 alone 0.96-1.03).
-#: ``POLYML_POOL_ROW_VECTORS=0``: off, for A/B measurements
-ROW_VECTORS = options.value("POLYML_POOL_ROW_VECTORS")
+ROW_VECTORS = True
 
 NEG_INF = float("-inf")
 
@@ -214,7 +212,7 @@ def _row_vectors_apply(x: Buffer | ChainSource, win: Window) -> bool:
     """Whether :func:`_max_rows_vectors` can compute this max pool (one without padding, or a
     separable one: :meth:`_Pool.lower` asks): AVX-512, float32
     read from a stored tensor (no prologue chain), two spatial dims, a last dim of stride 2,
-    dilation 1 and 2 or 3 taps (``POLYML_POOL_ROW_VECTORS=0``: the row loops, to compare)."""
+    dilation 1 and 2 or 3 taps."""
     return (ROW_VECTORS and isinstance(x, Buffer) and x.type.dtype == "float32" and win.rank == 2
             and win.strides[-1] == 2 and win.dilations[-1] == 1 and win.kernel[-1] in (2, 3) and _isa() == "avx512")
 
@@ -227,7 +225,7 @@ def _max_rows_vectors(k: KernelBuilder, x: Buffer, y: Buffer, win: Window, ident
     ``y[o] = max(even[o], odd[o], even[o + 1])`` (the third tap: ``even`` shifted by a lane,
     its last lane from the next block's first), stored whole or masked.  The row loops' stack
     row came back through gathers that LLVM made of the masked stride-2 loop, each waiting on
-    the row's stores (sixteenth session, SqueezeNet's 3x3/2 on 27x27)."""
+    the row's stores (SqueezeNet's 3x3/2 on 27x27)."""
     lanes = ROW_LANES
     vec = ir.VectorType(ir.FloatType(), lanes)
     width, ow_n, pb, kw = win.size[-1], win.out[-1], win.pads_begin[-1], win.kernel[-1]

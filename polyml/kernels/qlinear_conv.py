@@ -35,8 +35,6 @@ from dataclasses import dataclass, replace
 import llvmlite.ir as ir
 import numpy as np
 
-from polyml import options
-from polyml.codegen import gemm as packed
 from polyml.codegen import igemm
 from polyml.codegen.builder import F32, I32, Buffer, KernelBuilder, like, pointer_type, splat
 from polyml.codegen.quant import quantize_value, to_i32
@@ -74,6 +72,8 @@ POSITION_TILES = (12, 8, 7)
 #: K = 64…320 at 14x14 and 7x7: the model 13 % slower)
 ROWS_MAX_POSITIONS = 196
 ROWS_MIN_REDUCTION = 512
+#: int8 im2col packed in place where the input allows (False: packed as a copy)
+IGEMM_INPLACE = True
 
 
 def _view(k: KernelBuilder, buf: Buffer, shape: tuple[int, ...]) -> Buffer:
@@ -446,14 +446,14 @@ class _IntegerConv(IntegerKernel):
 
     def use_gemm(self, node: Node, ins: list[Operand | None]) -> bool:
         """Whether this node runs on the integer GEMM (see the module docstring)."""
-        if not packed.enabled() or ins[self.W].value is None:
+        if not self.config.packed or ins[self.W].value is None:
             return False
         win, group = self.geometry(node, ins)
         x, w = ins[self.X].type, ins[self.W].type
         mg, kk = w.shape[0] // group, math.prod(w.shape[1:])
         if win.rank != 2 or mg < GEMM_MIN_CHANNELS or kk < GEMM_MIN_REDUCTION:
             return False
-        cor = self.corrections(node, ins, igemm.blocking_for_host())
+        cor = self.corrections(node, ins, igemm.blocking_for_host(override=self.config.igemm))
         if cor.needs_cx or not cor.zw.known:
             return False
         return x.shape[0] * w.shape[0] * math.prod(win.out) * kk >= GEMM_MIN_MACS
@@ -461,7 +461,7 @@ class _IntegerConv(IntegerKernel):
     def use_pairs(self, node: Node, ins: list[Operand | None]) -> bool:
         """Whether this node runs :meth:`_depthwise_groups`: a host build, 2-D, one input and
         one output channel per group, constant weights and zero points, a flat copy."""
-        if not packed.enabled() or ins[self.W].value is None or self.use_gemm(node, ins):
+        if not self.config.packed or ins[self.W].value is None or self.use_gemm(node, ins):
             return False
         win, group = self.geometry(node, ins)
         x, w = ins[self.X].type, ins[self.W].type
@@ -478,11 +478,11 @@ class _IntegerConv(IntegerKernel):
     def _interleavable(self, node: Node, ins: list[Operand | None]) -> bool:
         """Whether the input can be read from a channel-interleaved flat copy
         (:meth:`_Flat.fill_grouped`): ``vnni`` (one byte per element) and whole groups of 4
-        channels per conv group.  ``POLYML_IGEMM_INPLACE=0`` packs as before (measurements)."""
-        if not options.value("POLYML_IGEMM_INPLACE"):
+        channels per conv group."""
+        if not IGEMM_INPLACE:
             return False
         _, mg, _, _, group = self._gemm_dims(node, ins)
-        blk = igemm.blocking_for_host(mg)
+        blk = igemm.blocking_for_host(mg, self.config.igemm)
         return blk.variant == "vnni" and (ins[self.X].type.shape[1] // group) % blk.group == 0
 
     def in_place(self, node: Node, ins: list[Operand | None]) -> bool:
@@ -504,18 +504,18 @@ class _IntegerConv(IntegerKernel):
         61 flat columns in two panels (64 for 49 outputs), 14x14 224 for 196; the register
         tile takes the height in :data:`POSITION_TILES` that pads the positions least.  For
         maps of at most :data:`ROWS_MAX_POSITIONS` outputs, reductions of at least
-        :data:`ROWS_MIN_REDUCTION` and whole vectors of channels (``POLYML_IGEMM_ROWS=0|1``
-        forces it off or on where possible)."""
+        :data:`ROWS_MIN_REDUCTION` and whole vectors of channels (``config.igemm_rows``,
+        ``POLYML_IGEMM_ROWS=0|1``, forces it off or on where possible)."""
         if not self._interleavable(node, ins):
             return None
         win, group = self.geometry(node, ins)
         mg = ins[self.W].type.shape[0] // group
         p_out = math.prod(win.out)
         kk = math.prod(ins[self.W].type.shape[1:])
-        force = options.raw("POLYML_IGEMM_ROWS")
+        force = self.config.igemm_rows
         if force == "0" or mg % 32 or (force != "1" and (p_out > ROWS_MAX_POSITIONS or kk < ROWS_MIN_REDUCTION)):
             return None
-        blk = igemm.blocking_for_host(mg)
+        blk = igemm.blocking_for_host(mg, self.config.igemm)
         mr = min(POSITION_TILES, key=lambda r: (-(-p_out // r) * r, -r))
         return replace(blk, mr=mr, mc=max(mr, blk.mc // mr * mr))
 
@@ -526,7 +526,7 @@ class _IntegerConv(IntegerKernel):
     def describe(self, node: Node, ins: list[Operand | None], outs: list[TensorType]) -> str:
         win, group = self.geometry(node, ins)
         g = f" g{group}" if group > 1 else ""
-        blk = igemm.blocking_for_host(ins[self.W].type.shape[0] // group)
+        blk = igemm.blocking_for_host(ins[self.W].type.shape[0] // group, self.config.igemm)
         rows = self.rows_blocking(node, ins) if self.use_gemm(node, ins) else None
         how = (f"igemm {rows.variant} {rows.mr}x{rows.nr} positions-as-rows" if rows is not None
                else f"igemm {blk.variant} {blk.mr}x{blk.nr}{' in place' if self.in_place(node, ins) else ''}"
@@ -542,24 +542,25 @@ class _IntegerConv(IntegerKernel):
             units, mg, p, kk, _ = self._gemm_dims(node, ins)
             win = self.geometry(node, ins)[0]
             rows_blk = self.rows_blocking(node, ins)
+            blk = igemm.blocking_for_host(mg, self.config.igemm)
             if rows_blk is not None:
                 positions = math.prod(win.out)
                 scratch = igemm.scratch_size(units, positions, mg, kk, packs_x=False, blk=rows_blk)
                 p = positions
             else:
-                scratch = igemm.scratch_size(units, mg, p, kk, packs_x=not self.in_place(node, ins))
-            t = [TensorType((units * mg, p) if igemm.needs_c(kk) else (1,), "int32"),
+                scratch = igemm.scratch_size(units, mg, p, kk, packs_x=not self.in_place(node, ins), blk=blk)
+            t = [TensorType((units * mg, p) if igemm.needs_c(kk, blk) else (1,), "int32"),
                  TensorType((-(-scratch // 4),), "int32")]
             flat = _Flat.of(win)
             x = ins[self.X].type
             if self.in_place(node, ins):  # a full panel's words past the last column (nr words), and a guard
-                t.append(TensorType((x.shape[0] * x.shape[1] * flat.plane_set + 4 * igemm.blocking_for_host(mg).nr
+                t.append(TensorType((x.shape[0] * x.shape[1] * flat.plane_set + 4 * blk.nr
                                      + flat.SLACK,), x.dtype))
             elif flat.copy:
                 t.append(TensorType((x.shape[0] * x.shape[1] * flat.plane_set + flat.SLACK,), x.dtype))
             if flat.pitch != win.out[-1] and rows_blk is None:  # the output on the plane pitch, then cropped
                 t.append(TensorType((units * mg * p,), outs[0].dtype))
-            if not self.corrections(node, ins, igemm.blocking_for_host()).constant_rb:
+            if not self.corrections(node, ins, igemm.blocking_for_host(override=self.config.igemm)).constant_rb:
                 t.append(TensorType((ins[self.W].type.shape[0],), "int32"))
             return t
         win, _ = self.geometry(node, ins)
@@ -577,7 +578,7 @@ class _IntegerConv(IntegerKernel):
         if not self.use_gemm(node, ins):
             return []
         units, mg, _, kk, group = self._gemm_dims(node, ins)
-        blk = igemm.blocking_for_host(mg)
+        blk = igemm.blocking_for_host(mg, self.config.igemm)
         w = np.asarray(ins[self.W].value).reshape(group, mg, kk)
         if self.in_place(node, ins):  # the reduction in the order X's words hold it: (c/g, tap, c%g)
             g, cg = blk.group, ins[self.W].type.shape[1]
@@ -622,7 +623,7 @@ class _IntegerConv(IntegerKernel):
         flat = _Flat.of(win)
         units, mg, ncols, kk, _ = self._gemm_dims(k.node, ins)
         rows_blk = self.rows_blocking(k.node, ins)
-        blk = rows_blk or igemm.blocking_for_host(mg)
+        blk = rows_blk or igemm.blocking_for_host(mg, self.config.igemm)
         cor = self.corrections(k.node, ins, blk)
         rq = self.requant(k.node, ins, group * mg)
         x, y = k.inputs[self.X], k.outputs[0]
@@ -731,8 +732,9 @@ class _IntegerConv(IntegerKernel):
                                    epilogue, vector_epilogue=True, w_rows=w_rows, blocking=blk)
         else:
             spec = igemm.IGemmSpec(mg, ncols, kk, None, None, len(operands), ins[self.W].type.dtype == "int8", x_signed,
-                                   epilogue, pack_x=pack_x, prepacked_w=True, vector_epilogue=True, x_offsets=x_offsets)
-        igemm.emit(k, spec, operands, c_temp if igemm.needs_c(kk) else None, scratch, batch=(n_, group), strides=strides)
+                                   epilogue, pack_x=pack_x, prepacked_w=True, vector_epilogue=True, x_offsets=x_offsets,
+                                   blocking=blk)
+        igemm.emit(k, spec, operands, c_temp if igemm.needs_c(kk, blk) else None, scratch, batch=(n_, group), strides=strides)
         if cropped:  # y[n][m][oh][ow] = y_flat[n][m][oh·Wq + ow]: one fixed-size memcpy per row
             src = _view(k, y_flat, (n_ * m_all, ncols))
             dst = _view(k, y, (n_ * m_all, *win.out))
@@ -864,7 +866,7 @@ class _IntegerConv(IntegerKernel):
         else 2 (int16 pairs)."""
         w = np.asarray(ins[self.W].value).astype(np.int64)
         wv = w.reshape(w.shape[0], -1) - zero_point(ins, self.ZW, ins[self.W].type.dtype).array(w.shape[0])[:, None]
-        blk = igemm.blocking_for_host()
+        blk = igemm.blocking_for_host(override=self.config.igemm)
         vnni = blk.variant == "vnni" and blk.width == 16
         fits = bool(wv.size == 0 or (wv.min() >= -128 and wv.max() <= 127))
         return 4 if vnni and ins[self.X].type.dtype == "uint8" and fits else 2
@@ -905,7 +907,7 @@ class _IntegerConv(IntegerKernel):
                 packed_w[:, i] |= (wv[:, t] & ((1 << bits) - 1)) << (bits * pos)
         group_t = p.tables.i32(packed_w.astype(np.uint32).view(np.int32), "wgroups")
         wsum_t = p.tables.i32(wv.sum(axis=1).astype(np.int32), "wsum")
-        lanes = igemm.blocking_for_host().width
+        lanes = igemm.blocking_for_host(override=self.config.igemm).width
         vec = ir.VectorType(I32, lanes)
         part = ir.VectorType(ir.IntType(bits), span * lanes)  # one load, as the multiply-add reads it
         if span == 4:

@@ -25,7 +25,6 @@ import math
 import llvmlite.ir as ir
 import numpy as np
 
-from polyml.codegen import gemm as packed
 from polyml.codegen import gemv, igemm
 from polyml.codegen.builder import F32, I32, Buffer, KernelBuilder, splat
 from polyml.codegen.quant import to_i32
@@ -87,7 +86,7 @@ class _IntegerProduct(IntegerKernel):
         """(rows of A stacked, N, K) when the product runs on the integer GEMM, else None."""
         batch, m, n, kk, _ = self.dims(node, ins)
         sb = ins[self.B].type.shape
-        if not packed.enabled() or len(sb) < 2 or math.prod(sb[:-2]) != 1:
+        if not self.config.packed or len(sb) < 2 or math.prod(sb[:-2]) != 1:
             return None
         rows = math.prod(batch) * m
         return (rows, n, kk) if rows >= GEMM_MIN_ROWS and rows * n * kk >= GEMM_MIN_MACS else None
@@ -97,10 +96,10 @@ class _IntegerProduct(IntegerKernel):
         constant B, K whole groups of 4, zero points that fold into one constant per column."""
         batch, m, n, kk, _ = self.dims(node, ins)
         sb = ins[self.B].type.shape
-        if (not packed.enabled() or ins[self.B].value is None or len(sb) < 2 or math.prod(sb[:-2]) != 1
+        if (not self.config.packed or ins[self.B].value is None or len(sb) < 2 or math.prod(sb[:-2]) != 1
                 or math.prod(batch) * m != 1 or kk % 4 or n < GEMV_MIN_COLUMNS):
             return None
-        blk = igemm.blocking_for_host()
+        blk = igemm.blocking_for_host(override=self.config.igemm)
         if blk.variant != "vnni":
             return None
         cor = self.corrections(node, ins, n, kk, blk)
@@ -121,7 +120,7 @@ class _IntegerProduct(IntegerKernel):
 
     def describe(self, node: Node, ins: list[Operand | None], outs: list[TensorType]) -> str:
         sa, sb = ins[self.A].type.shape, ins[self.B].type.shape
-        how = (f"igemm {igemm.blocking_for_host().variant}" if self.gemm_dims(node, ins)
+        how = (f"igemm {igemm.blocking_for_host(override=self.config.igemm).variant}" if self.gemm_dims(node, ins)
                else "gemv vnni" if self.gemv_dims(node, ins) else "nests")
         return f"{sa} {ins[self.A].type.dtype} @ {sb} {ins[self.B].type.dtype} {how}"
 
@@ -132,10 +131,11 @@ class _IntegerProduct(IntegerKernel):
         if dims is None:
             return [] if outs[0].dtype == "int32" else [TensorType(outs[0].shape, "int32")]
         rows, n, kk = dims
-        blk = igemm.blocking_for_host()
+        blk = igemm.blocking_for_host(override=self.config.igemm)
         cor = self.corrections(node, ins, n, kk, blk)
-        t = [TensorType((n, rows) if igemm.needs_c(kk) else (1,), "int32"),
-             TensorType((-(-igemm.scratch_size(1, n, rows, kk) // 4),), "int32")]
+        t = [TensorType((n, rows) if igemm.needs_c(kk, blk) else (1,), "int32"),
+             TensorType((-(-igemm.scratch_size(1, n, rows, kk, blk=igemm.blocking_for_host(n, self.config.igemm)) // 4),),
+                        "int32")]
         if not cor.constant_rb:
             t.append(TensorType((n,), "int32"))
         if cor.needs_cx:
@@ -149,7 +149,8 @@ class _IntegerProduct(IntegerKernel):
         if one_row is not None:  # B as [K/4][N padded to whole blocks][4] bytes, converted
             n, kk = one_row
             bm = np.asarray(ins[self.B].value).reshape(kk, n)
-            conv = igemm.convert_np(bm, igemm.blocking_for_host(), ins[self.B].type.dtype == "int8", "w")
+            blk = igemm.blocking_for_host(override=self.config.igemm)
+            conv = igemm.convert_np(bm, blk, ins[self.B].type.dtype == "int8", "w")
             packed_b = np.zeros((kk // 4, gemv.blocks(n) * gemv.BLOCK, 4), np.int8)
             packed_b[:, :n, :] = conv.reshape(kk // 4, 4, n).transpose(0, 2, 1)
             return [packed_b.reshape(-1).view(np.int32)]
@@ -158,7 +159,7 @@ class _IntegerProduct(IntegerKernel):
             return []
         _, n, kk = dims
         bm = np.asarray(ins[self.B].value).reshape(kk, n)
-        return [igemm.prepack_w(bm.T, igemm.blocking_for_host(n), ins[self.B].type.dtype == "int8")]
+        return [igemm.prepack_w(bm.T, igemm.blocking_for_host(n, self.config.igemm), ins[self.B].type.dtype == "int8")]
 
     def replaced_inputs(self, node: Node, ins: list[Operand | None]) -> set[int]:
         return {self.B} if self.constants(node, ins) else set()
@@ -180,7 +181,7 @@ class _IntegerProduct(IntegerKernel):
             self._gemm(k, ins, *dims)
 
     def _gemm(self, k: KernelBuilder, ins: list[Operand | None], rows: int, n: int, kk: int) -> None:
-        blk = igemm.blocking_for_host(n)
+        blk = igemm.blocking_for_host(n, self.config.igemm)
         cor = self.corrections(k.node, ins, n, kk, blk)
         rq = self.requant(k.node, ins, n)
         temps = iter(k.temps)
@@ -228,15 +229,15 @@ class _IntegerProduct(IntegerKernel):
         spec = igemm.IGemmSpec(n, rows, kk, None if prepacked else igemm.matrix_loader(0, n, transposed=True), None,
                                len(operands), b_dtype == "int8", a_dtype == "int8", epilogue,
                                pack_x=igemm.transposed_packer(1, kk, kk, rows, blk, a_dtype == "int8"),
-                               prepacked_w=prepacked, epilogue_cols_outer=True)
-        igemm.emit(k, spec, operands, c if igemm.needs_c(kk) else None, scratch)
+                               prepacked_w=prepacked, epilogue_cols_outer=True, blocking=blk)
+        igemm.emit(k, spec, operands, c if igemm.needs_c(kk, blk) else None, scratch)
 
     def _gemv(self, k: KernelBuilder, ins: list[Operand | None], n: int, kk: int) -> None:
         """``y = a · B`` for one row ``a`` (:func:`polyml.codegen.gemv.one_row_product`): int32
         accumulators, per group of 4 reduction elements one broadcast word of ``a`` and one
         ``vpdpbusd`` per vector of pre-packed B, then the constant per-column correction and the
         requantization on whole vectors (the last, partial vector column by column)."""
-        blk = igemm.blocking_for_host()
+        blk = igemm.blocking_for_host(override=self.config.igemm)
         cor = self.corrections(k.node, ins, n, kk, blk)
         rq = self.requant(k.node, ins, n)
         tables = Tables(k.module, k.fn.name)

@@ -32,7 +32,6 @@ for experiments.
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 from fractions import Fraction
 
@@ -46,6 +45,7 @@ from polyml.graph import Node, TensorType
 from polyml.kernels import _window
 from polyml.kernels._window import Window, affine, nest, padded_source
 from polyml.kernels.fused import evaluate_chain
+from polyml.options import CodegenConfig
 
 F = Fraction
 #: the transform matrices (Bᵀ, G, Aᵀ) of F(m×m, 3×3), interpolation points 0, ±1 (, ±2), ∞
@@ -80,6 +80,12 @@ class WinogradPlan:
     #: the output transform stores through Ypad and the crop (a chain :func:`_vector_output`
     #: does not take), else straight into y
     scalar_output: bool = False
+    #: the build's code generation settings (the GEMM's blocking and plan)
+    config: CodegenConfig = CodegenConfig()
+
+    @property
+    def blocking(self) -> packed.Blocking:
+        return packed.blocking_for_host(self.config.gemm_blocking)
 
     @property
     def alpha(self) -> int:
@@ -114,7 +120,7 @@ class WinogradPlan:
         from polyml.kernels.matmul import batched_temps
 
         a2, (th, tw) = self.alpha ** 2, self.tiles
-        gemm = batched_temps(a2, self.k, self.t, self.c)
+        gemm = batched_temps(self.config, a2, self.k, self.t, self.c)
         return {"xpad": self.xpad.size, "v": a2 * self.c * self.t, "m": a2 * self.k * self.t,
                 "ypad": self.k * th * self.m * tw * self.m if self.scalar_output and not self.exact else 0,
                 "gemm": gemm[0].size if gemm else 0}
@@ -124,8 +130,8 @@ class WinogradPlan:
         return TensorType((sum(self.sizes.values()),))
 
 
-def _forced() -> int | None:
-    v = os.environ.get("POLYML_WINOGRAD", "")
+def _forced(v: str) -> int | None:
+    """The tile ``POLYML_WINOGRAD`` (:attr:`polyml.options.CodegenConfig.winograd`) forces."""
     if not v:
         return None
     if v not in ("0", "2", "4"):
@@ -151,19 +157,19 @@ class WinogradRule:
 #: / packed GEMM): maps of 24 and more with 32+ channels gain most from F(4×4) (0.17-0.67:
 #: 128->128 @28 0.17, 256->256 @56 0.39, 32->128 @27 0.49, 64->64 @56 0.67), 14×14 maps with 96+
 #: channels from F(2×2) (0.24-0.75; F(4×4)'s 16 tiles fill half a register tile of columns),
-#: while 7×7 maps (1.0-4× slower: 16 or 4 tiles) kept the GEMM.  Since the transforms run on
-#: explicit vectors (eighteenth session, :data:`VECTOR_TRANSFORMS`; per step of whole models,
-#: minimum of 12, Winograd / the path before): F(4×4) from 16 channels (SqueezeNet's 16->64
-#: @55 0.82-0.97 at 2 threads, against the im2col GEMM; one-thread builds took it before), F(2×2)
+#: while 7×7 maps (1.0-4× slower: 16 or 4 tiles) kept the GEMM.  With the transforms on
+#: explicit vectors (:data:`VECTOR_TRANSFORMS`; per step of whole models,
+#: minimum of 12, Winograd / the path taken without it): F(4×4) from 16 channels (SqueezeNet's 16->64
+#: @55 0.82-0.97 at 2 threads, against the im2col GEMM; one-thread builds take it with scalar transforms too), F(2×2)
 #: from 48 channels on maps from 12x12 (against the ``rows`` tiles: SqueezeNet's 48->192 and
 #: 64->256 @13 0.84-0.90 at 2 threads and 0.72-0.76 at 1, Inception-v1's 96->208 .. 160->320 @13
 #: 0.78-0.80 and 0.64-0.75, Inception-v2's 64->96 @14 0.85 and 0.79, ZFNet's 256->512 and
 #: 512->512 @12 0.66-0.67 and 0.61-0.67, AlexNet's 256->384 @12 0.72 and 0.67), and in
 #: one-thread builds on 7x7 maps too (ResNet-50's 512->512 @7 0.81-0.82, Inception-v2's 7x7
 #: steps 0.98 in sum; at 2 threads 0.93-1.14); 6x6 maps keep the GEMM (Inception-v1's 160->320
-#: and 192->384 @6: 1.13-1.48).  AVX2 (eleventh session, Zen 1 EPYC, single layers
+#: and 192->384 @6: 1.13-1.48).  AVX2 (Zen 1 EPYC, single layers
 #: with ReLU, 1 thread CPU time, minimum of 30-40 alternating blocks, against the path taken
-#: before): F(4×4) from 13×13 (64->256 @13 0.58, 384->384 @13 0.45, 48->192 @13 0.55, 256->256
+#: without Winograd): F(4×4) from 13×13 (64->256 @13 0.58, 384->384 @13 0.45, 48->192 @13 0.55, 256->256
 #: @14 0.69 of F(2×2), 96->208 @14 0.82 of F(2×2)); F(2×2) on 7×7 maps (512->512 0.53, 160->320
 #: 0.54, 128->32 0.65; F(4×4) 1.1-1.3) and from 16 channels (16->64 @55 0.86 and 16->16 @56 0.36
 #: of the direct nests; F(4×4) 1.0-1.1): the 6×16 GEMM tile runs at a third of AVX-512's
@@ -172,14 +178,14 @@ WINOGRAD_RULES = {"avx512": WinogradRule(16, 24, 48, 12, serial_f2_map=7), "avx"
                   "other": WinogradRule(32, 24, 96, 14)}
 
 
-def choose_tile(c: int, k: int, out: tuple[int, int]) -> int:
+def choose_tile(config: CodegenConfig, c: int, k: int, out: tuple[int, int]) -> int:
     """The output tile ``m`` (2 or 4) for a C→K 3×3/1 convolution with this output, 0: no
-    Winograd (:data:`WINOGRAD_RULES` for this host's ISA; ``POLYML_WINOGRAD`` forces)."""
-    forced = _forced()
+    Winograd (:data:`WINOGRAD_RULES` for this host's ISA; ``config.winograd`` forces)."""
+    forced = _forced(config.winograd)
     if forced is not None:
         return forced
     rule = WINOGRAD_RULES[_window._isa()]  # through the module: one seam pins the ISA (tests)
-    f2_map = rule.f2_map if packed.threaded() else (rule.serial_f2_map or rule.f2_map)
+    f2_map = rule.f2_map if config.threaded else (rule.serial_f2_map or rule.f2_map)
     if min(c, k) >= rule.f4_channels and min(out) >= rule.f4_map:
         return 4
     if min(c, k) >= rule.f2_channels and min(out) >= f2_map:
@@ -187,22 +193,22 @@ def choose_tile(c: int, k: int, out: tuple[int, int]) -> int:
     return 0
 
 
-def winograd_plan(node: Node, x: TensorType, w: TensorType, win: Window) -> WinogradPlan | None:
+def winograd_plan(config: CodegenConfig, node: Node, x: TensorType, w: TensorType, win: Window) -> WinogradPlan | None:
     """The plan when this Conv runs as Winograd: 3×3, stride 1, dilation 1, one group, two
     spatial dims, a host build with the packed GEMM and ``conv=auto``, and :func:`choose_tile`
     picks a tile; else None.  (Only called for constant weights.)"""
     if (win.rank != 2 or win.kernel != (3, 3) or win.strides != (1, 1) or win.dilations != (1, 1)
             or int(node.attrs.get("group", 1)) != 1):
         return None
-    if not packed.enabled() or packed.conv_choice() != "auto":
+    if not config.packed or config.conv != "auto":
         return None
-    m = choose_tile(x.shape[1], w.shape[0], win.out)
+    m = choose_tile(config, x.shape[1], w.shape[0], win.out)
     if not m:
         return None
-    plan = WinogradPlan(m, win, x.shape[0], x.shape[1], w.shape[0], _vector_output(node) is None)
+    plan = WinogradPlan(m, win, x.shape[0], x.shape[1], w.shape[0], _vector_output(node) is None, config)
     from polyml.kernels.matmul import batched_plan
 
-    return plan if batched_plan(plan.alpha ** 2, plan.k, plan.t, plan.c) is not None else None
+    return plan if batched_plan(config, plan.alpha ** 2, plan.k, plan.t, plan.c) is not None else None
 
 
 def transform_weights(w: np.ndarray, plan: WinogradPlan) -> np.ndarray:
@@ -210,14 +216,14 @@ def transform_weights(w: np.ndarray, plan: WinogradPlan) -> np.ndarray:
     _, g_mat, _ = MATRICES[plan.m]
     g = np.array(g_mat, np.float64)
     u = np.einsum("xi,kcij,yj->xykc", g, w.astype(np.float64), g)  # α, α, K, C
-    blk = packed.blocking_for_host()
+    blk = plan.blocking
     return np.concatenate([packed.prepack_a(u[i, j].astype(np.float32), blk) for i in range(plan.alpha)
                            for j in range(plan.alpha)])
 
 
 def packed_weight_floats(plan: WinogradPlan) -> int:
     """Floats of one pre-packed U[ξν] (rows padded to the register tile)."""
-    mr = packed.blocking_for_host().mr
+    mr = plan.blocking.mr
     return -(-plan.k // mr) * mr * plan.c
 
 
@@ -244,13 +250,13 @@ def _constant(ty: ir.Type, value: float) -> ir.Constant:
 
 
 #: the input and output transforms on explicit vectors along a row of tiles (:func:`_input_rows`,
-#: :func:`_output_rows`); ``POLYML_WINOGRAD_VECTORS=0``: the scalar nests, which LLVM
-#: vectorized with gathers and scatters, for A/B measurements.  Eighteenth session, per step of
+#: :func:`_output_rows`); False: the scalar nests, which LLVM
+#: vectorizes with gathers and scatters.  Per step of
 #: whole models at 2 threads, minimum of 10-30, vectors / scalar nests: SqueezeNet's 3x3 32->128
 #: @27 0.73-0.77 (output) and 0.95-0.99 more (input); ResNet-50's 64->64 @56 0.87-0.88,
 #: 128->128 @28 0.91-0.92, 256->256 @14 0.96-0.99 (its Winograd steps 0.93 in sum, of which the
 #: input transform 0.96); at 1 thread SqueezeNet's 16->64 @55 and 32->128 @27 0.74-0.81
-VECTOR_TRANSFORMS = os.environ.get("POLYML_WINOGRAD_VECTORS", "1") != "0"
+VECTOR_TRANSFORMS = True
 
 
 def _vector_output(node: Node) -> packed.RegisterEpilogue | bool | None:
@@ -297,7 +303,7 @@ def _output_rows(k: KernelBuilder, plan: WinogradPlan, mm: Buffer, y: Buffer, n:
     a, m, (th, tw) = plan.alpha, plan.m, plan.tiles
     height, width = plan.win.out
     _, _, at = MATRICES[m]
-    lanes = packed.blocking_for_host().width
+    lanes = plan.blocking.width
     vec = ir.VectorType(F32, lanes)
     row_vec = ir.VectorType(F32, m * lanes)
 
@@ -334,7 +340,7 @@ def _input_rows(k: KernelBuilder, plan: WinogradPlan, src: Buffer, v: Buffer, n:
     stride-``m`` loads and stores had become gathers and scatters."""
     a, m, (th, tw) = plan.alpha, plan.m, plan.tiles
     bt, _, _ = MATRICES[m]
-    lanes = packed.blocking_for_host().width
+    lanes = plan.blocking.width
     vec = ir.VectorType(F32, lanes)
     span = m * lanes + a - m  # input columns under ``lanes`` tiles
     run = ir.VectorType(F32, span)

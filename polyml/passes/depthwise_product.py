@@ -21,12 +21,13 @@ from __future__ import annotations
 
 from polyml.graph import Graph, Node
 from polyml.kernels.depthwise_product import DEPTHWISE_PRODUCT_OP, chains_fit, product_plan
+from polyml.options import CodegenConfig
 from polyml.passes.conv_scale import pointwise_conv
 
 
-def fold_depthwise_products(g: Graph) -> list[dict]:
-    """Fuse every eligible expansion and depthwise pair of ``g`` (module docstring); returns
-    what was fused."""
+def fold_depthwise_products(g: Graph, config: CodegenConfig) -> list[dict]:
+    """Fuse every eligible expansion and depthwise pair of ``g`` (module docstring) that the
+    kernels of a build of ``config`` take; returns what was fused."""
     consumers = g.consumers()
     producers = g.producer_map()
     dropped: set[int] = set()  # id() of the fused expansions
@@ -44,7 +45,7 @@ def fold_depthwise_products(g: Graph) -> list[dict]:
         extras = [name for name in dw.inputs[start:] if name]
         if not chains_fit(exp.attrs.get("epilogue"), dw.attrs.get("epilogue"), extras):
             continue
-        if product_plan(dw, g.types[exp.inputs[0]], g.types[exp.inputs[1]], g.types[dw.inputs[1]]) is None:
+        if product_plan(config, dw, g.types[exp.inputs[0]], g.types[exp.inputs[1]], g.types[dw.inputs[1]]) is None:
             continue
         e_in = list(exp.inputs[:3]) + [""] * (3 - len(exp.inputs[:3]))
         d_in = list(dw.inputs[:3]) + [""] * (3 - len(dw.inputs[:3]))

@@ -52,6 +52,7 @@ import numpy as np
 
 from polyml.graph import Graph, Node, TensorType
 from polyml.kernels.elementwise import elementwise_ops
+from polyml.options import CodegenConfig
 from polyml.passes.attention import FuseAttention
 from polyml.passes.clip_bounds import fold_clip_bounds
 from polyml.passes.conv_scale import fold_conv_input_scales
@@ -87,6 +88,8 @@ class FuseOperators:
     conv_scales: bool = True
     #: a 1x1 expansion computed inside the depthwise Conv reading it (:mod:`polyml.passes.depthwise_product`)
     depthwise_products: bool = True
+    #: the build's code generation settings: some fused forms exist for some kernel plans only
+    config: CodegenConfig = CodegenConfig()
 
     def apply(self, graph: Graph) -> tuple[Graph, FusionReport]:
         g = copy.deepcopy(graph)
@@ -102,7 +105,7 @@ class FuseOperators:
         if self.conv_scales:
             report.groups.extend(fold_conv_input_scales(g))
         if self.depthwise_products:
-            report.groups = absorb_groups(report.groups, fold_depthwise_products(g))
+            report.groups = absorb_groups(report.groups, fold_depthwise_products(g, self.config))
         _fuse_pool_prologues(g, report)
         _report_edges(g, report)
         g.prune()

@@ -18,7 +18,7 @@ value on the quantized tensors, so the float values in between are never materia
   or move elements, and ``Q(DQ(v)) = v`` for the same parameters; max commutes with the monotone
   map ``v ↦ (v - zp)·s``.
 
-Conventions for the integer ops (also in the session's int8 interface note):
+Conventions for the integer ops (also in docs/QUANTIZATION.md):
 
 * biases: ``b_int32[m] = b_q[m]`` when the bias is ``DQ(b_q)`` of an int32 constant whose scale
   is ``x_s·w_s[m]`` (relative 1e-4) and zero point 0 (what the quantizer writes and what

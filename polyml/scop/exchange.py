@@ -24,9 +24,12 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from polyml.codegen.lower import lower_graph
 from polyml.driver import flags
-from polyml.driver.toolchain import tool
+from polyml.driver.toolchain import host_target, run_tool, tool
 from polyml.errors import ToolchainError
+from polyml.passes.fuse import FuseOperators
+from polyml.pipeline import prepare
 from polyml.scop import importable, legality
 from polyml.scop import jscop as J
 from polyml.scop.detect import Detection, Scop, detect
@@ -47,8 +50,6 @@ def export(sources: Sequence[Path], out_dir: Path, jobs: int = 1, keep_failed: P
     def one(src: Path) -> None:
         cmd = [tool("opt"), *flags.scop_export_flags(str(out_dir.resolve()), inspect=False), src.name, "-disable-output"]
         if keep_failed is not None:
-            from polyml.driver.build import run_tool
-
             run_tool(cmd, keep_failed, [src.resolve()], "JSCoP export (opt)", cwd=src.parent)
             return
         proc = subprocess.run(cmd, capture_output=True, text=True, cwd=src.parent)
@@ -136,8 +137,6 @@ def apply_imports(src: Path, dst: Path, stage: Path, functions: list[str], opt_l
     cmd = [tool("opt"), *flags.scop_import_flags(str(stage.resolve()), functions, opt_level), *extra, src.name, "-S",
            "-o", str(dst)]
     if keep_failed is not None:
-        from polyml.driver.build import run_tool
-
         run_tool(cmd, keep_failed, [src.resolve(), stage.resolve()], "JSCoP import (opt)", cwd=src.parent)
         return
     proc = subprocess.run(cmd, capture_output=True, text=True, cwd=src.parent)
@@ -202,8 +201,6 @@ def run_opt(src: Path, dst: Path, args: list[str], keep_failed: Path | None = No
     """``opt ARGS src -o dst``; ``keep_failed``: as in :func:`apply_imports`."""
     cmd = [tool("opt"), *args, src.name, "-S", "-o", str(dst)]
     if keep_failed is not None:
-        from polyml.driver.build import run_tool
-
         run_tool(cmd, keep_failed, [src.resolve()], "opt", cwd=src.parent)
         return
     proc = subprocess.run(cmd, capture_output=True, text=True, cwd=src.parent)
@@ -236,18 +233,8 @@ def model_sources(model: Path, work: Path, input_shapes: Mapping[str, tuple[int,
         if not model.is_file():
             raise J.JscopError(f"{model}: no such IR file")
         return Sources({"input": model})
-    from polyml.codegen.lower import lower_graph
-    from polyml.compiler import read_graph
-    from polyml.driver.toolchain import host_target
-
-    graph = read_graph(model, input_shapes=input_shapes, outputs=outputs)
-    from polyml.passes.quantize import QuantizeQDQ
-
-    graph, _ = QuantizeQDQ().apply(graph)  # as build does: quantized models' integer ops
-    if fuse:
-        from polyml.passes.fuse import FuseOperators
-
-        graph, _ = FuseOperators().apply(graph)
+    # as build does: quantized models' integer ops, then fusion
+    graph = prepare(model, input_shapes=input_shapes, outputs=outputs, fusion=FuseOperators() if fuse else None).graph
     # products in the plain form (Polly's GEMM pattern): the packed GEMM's nests are not affine
     lowered = lower_graph(graph, host_target(), chunks=chunks, parallel=parallel, packed_gemm=False)
     work.mkdir(parents=True, exist_ok=True)

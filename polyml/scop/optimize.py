@@ -18,13 +18,17 @@ import subprocess
 import tempfile
 import time
 from collections.abc import Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from polyml.driver import flags
 from polyml.driver.toolchain import tool
 from polyml.errors import PolymlError, ToolchainError
-from polyml.scop import exchange
+from polyml.passes import parse_pipeline
+from polyml.passes import pipeline as P
+from polyml.passes import run as run_passes
+from polyml.scop import exchange, importable
 from polyml.scop.detect import Detection, detect
 
 
@@ -45,9 +49,6 @@ def run(src: Path, out: Path, work: Path, pipeline: str | None, edited: Mapping[
         threads: int = 0, opt_level: int = 0, keep_jscop: Path | None = None, extra: Sequence[str] = (),
         keep_unchanged: bool = False, keep_failed: Path | None = None) -> Result:
     """Apply ``pipeline`` (None: the default policy; "": only ``edited``) to the SCoPs of ``src``."""
-    from polyml import passes
-    from polyml.passes import pipeline as P
-
     edited = edited or {}
     found = detect(src)
     chosen: dict[str, str] = {}
@@ -61,7 +62,7 @@ def run(src: Path, out: Path, work: Path, pipeline: str | None, edited: Mapping[
         elif pipeline:
             chosen[s.file_name] = P.with_threads(pipeline, threads) if threads else pipeline
     to_polly = sorted({s.function for s in found.scops if _is_polly(chosen.get(s.file_name, ""))})
-    parsed = {text: passes.parse_pipeline(text) for text in set(chosen.values())}
+    parsed = {text: parse_pipeline(text) for text in set(chosen.values())}
 
     def rewrite(scop):
         if scop.function in to_polly:
@@ -72,7 +73,7 @@ def run(src: Path, out: Path, work: Path, pipeline: str | None, edited: Mapping[
         text = chosen.get(scop.file_name, "")
         if start is None and not text:
             return None
-        return passes.run(parsed.get(text, []), start if start is not None else scop.jscop)
+        return run_passes(parsed.get(text, []), start if start is not None else scop.jscop)
 
     found, new = exchange.transform(src, out, rewrite, work, opt_level=opt_level, keep_jscop=keep_jscop, extra=extra,
                                     keep_unchanged=keep_unchanged, keep_failed=keep_failed, found=found)
@@ -227,12 +228,6 @@ def pipeline_jscops(sources: Mapping[str, Path], text: str, policies: Mapping[st
     ``text`` (``default``: the default policy per SCoP) applied to those of functions whose
     policy is in :data:`PASS_POLICIES`: ``({module: detection}, {JSCoP file: new JSCoP})`` with
     only the SCoPs whose schedule changed (SCoPs left to Polly stay with the policy's Polly)."""
-    from concurrent.futures import ThreadPoolExecutor
-
-    from polyml import passes
-    from polyml.passes import pipeline as P
-    from polyml.scop import importable
-
     names = list(sources)
     with ThreadPoolExecutor(max_workers=max(1, os.cpu_count() or 1)) as pool:
         found = dict(zip(names, pool.map(lambda m: detect(sources[m]), names)))
@@ -251,8 +246,8 @@ def pipeline_jscops(sources: Mapping[str, Path], text: str, policies: Mapping[st
                 if _is_polly(chosen):
                     continue
                 if chosen not in parsed:
-                    parsed[chosen] = passes.parse_pipeline(chosen)
-                new = passes.run(parsed[chosen], s.jscop)
+                    parsed[chosen] = parse_pipeline(chosen)
+                new = run_passes(parsed[chosen], s.jscop)
             if not importable.same_schedules(s.jscop, new):
                 out[s.file_name] = new
     return found, out

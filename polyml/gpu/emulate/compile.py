@@ -16,7 +16,9 @@ import tempfile
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+from polyml.driver.toolchain import tool, tool_version
 from polyml.errors import ToolchainError
+from polyml.userdirs import cache_dir
 
 RUNTIME_C = Path(__file__).with_name("runtime.c")
 #: clang flags of every object: -O2, position independent, and plain _longjmp (no fortify
@@ -27,14 +29,10 @@ KEEP = 256
 
 
 def _clang() -> str:
-    from polyml.driver.toolchain import tool
-
     return tool("clang")
 
 
 def library_key(host_modules: dict[str, str]) -> str:
-    from polyml.driver.toolchain import tool_version
-
     h = hashlib.sha256()
     h.update(f"clang {tool_version('clang')} {' '.join(CFLAGS)}\n".encode())
     h.update(RUNTIME_C.read_bytes())
@@ -54,8 +52,6 @@ def _run(cmd: list[str], what: str) -> None:
 def build_library(host_modules: dict[str, str], jobs: int | None = None) -> Path:
     """The shared object of ``host_modules`` (name → host IR text) and the runtime, from the
     cache or compiled now (one clang process per module, ``jobs`` at a time)."""
-    from polyml.cache import cache_dir
-
     key = library_key(host_modules)
     folder = cache_dir() / "emulator"
     lib = folder / f"{key}.so"
