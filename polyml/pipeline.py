@@ -58,6 +58,8 @@ class Prepared:
     fusion: FusionReport | None = None
     #: seconds of the passes that ran: ``quantize``, ``fuse``
     seconds: dict[str, float] = field(default_factory=dict)
+    #: each graph pass that ran, in order: name and options (``GraphPass.record``; timings in ``seconds``)
+    graph_passes: list[dict] = field(default_factory=list)
 
 
 def prepare(model: Graph | str | os.PathLike, *, input_shapes: Mapping[str, tuple[int, ...]] | None = None,
@@ -67,18 +69,22 @@ def prepare(model: Graph | str | os.PathLike, *, input_shapes: Mapping[str, tupl
     Q/DQ) and then fused by ``fusion``, the configured pass (None: not fused)."""
     graph = model if isinstance(model, Graph) else read_graph(model, input_shapes=input_shapes, outputs=outputs)
     seconds: dict[str, float] = {}
+    records: list[dict] = []
     quantization = None
     if quantize:
         t0 = time.perf_counter()
-        graph, quantization = QuantizeQDQ().apply(graph)
-        seconds["quantize"] = time.perf_counter() - t0
+        quantizer = QuantizeQDQ()
+        graph, quantization = quantizer.apply(graph)
+        seconds[quantizer.name] = time.perf_counter() - t0
+        records.append(quantizer.record())
     unfused = graph
     report = None
     if fusion is not None:
         t0 = time.perf_counter()
         graph, report = fusion.apply(graph)
-        seconds["fuse"] = time.perf_counter() - t0
-    return Prepared(graph, unfused, quantization, report, seconds)
+        seconds[fusion.name] = time.perf_counter() - t0
+        records.append(fusion.record())
+    return Prepared(graph, unfused, quantization, report, seconds, records)
 
 
 __all__ = ["Prepared", "cuda_fusion", "prepare", "read_graph"]

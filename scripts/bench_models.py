@@ -214,13 +214,13 @@ def cmd_layers(args: argparse.Namespace) -> None:
 
     def silu_build(on: bool) -> Callable[[Path, Path], object]:
         def build(p: Path, out: Path) -> object:
-            saved = fuse.fold_silu
+            saved = fuse.FoldSilu.rewrite  # the build's FuseOperators runs it; off: a pass that rewrites nothing
             if not on:
-                fuse.fold_silu = lambda g: []
+                fuse.FoldSilu.rewrite = lambda self, g: fuse.GraphReport()
             try:
                 return polyml_compile(p, out, cache=False, threads=t)
             finally:
-                fuse.fold_silu = saved
+                fuse.FoldSilu.rewrite = saved
         return build
 
     def winograd_build(tile: str) -> Callable[[Path, Path], object]:

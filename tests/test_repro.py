@@ -76,6 +76,9 @@ def test_two_builds_are_byte_identical(squeezenet, tmp_path) -> None:
     if "jscop" in _emit_choices():
         assert ma["jscop"], "--emit jscop wrote no JSCoP file"
     assert isinstance(ma["passes"], list)
+    assert [p["name"] for p in ma["graph_passes"]] == ["quantize", "fuse-operators"]
+    assert ma["graph_passes"][1]["options"]["attention"] is True
+    assert ma["fusion"]["passes"][0] == "fuse-operators"
     assert ma["llc_flags"] and ma["link_flags"] and ma["opt_flags"]
     assert set(ma["files"]) == set(files)
     assert ma["jscop"] == {f: h for f, h in ma["files"].items() if f.endswith(".jscop")}

@@ -147,6 +147,7 @@ def build_artifact(
 
     (out / WEIGHTS).write_bytes(lowered.weights)
     manifest = _manifest(graph, lowered, options, model_sha256, seconds, out)
+    manifest["graph_passes"] = prepared.graph_passes
     manifest["fusion"] = fusion.to_json() if fusion is not None else None
     quantized = quantization.integer or quantization.ran_in_float or quantization.folded_constants
     manifest["quantization"] = {"summary": quantization.summary(), **quantization.to_json()} if quantized else None

@@ -25,10 +25,12 @@ from __future__ import annotations
 
 import copy
 from dataclasses import dataclass
+from typing import ClassVar
 
 from polyml.graph import Graph, Node
 from polyml.kernels.attention import ATTENTION_OP
 from polyml.kernels.elementwise import elementwise_ops
+from polyml.passes.graph import GraphPass, GraphReport, register_graph_pass
 
 SOFTMAX = "Softmax"
 
@@ -76,14 +78,16 @@ def legality_violations(z: int, s: int, sk: int, d: int, dv: int) -> list[str]:
     return [str(v) for v in violations(scop(False), scop(True))]
 
 
-@dataclass
-class FuseAttention:
-    """Graph pass: fuse each head's attention chain into one nest (module docstring)."""
+@register_graph_pass
+@dataclass(frozen=True)
+class FuseAttention(GraphPass):
+    """Each head's MatMul → chain → Softmax → MatMul becomes one nest."""
 
-    name: str = "attention"
+    name: ClassVar[str] = "attention"
 
-    def apply(self, g: Graph, report) -> None:  # noqa: ANN001 - passes.fuse.FusionReport
-        """Rewrite ``g`` in place; groups and refusals go into ``report``."""
+    def rewrite(self, g: Graph) -> GraphReport:
+        """Rewrite ``g`` in place; the fused heads and the refusals are the report."""
+        report = GraphReport(passes=[self.name])
         replaced: dict[str, Node] = {}  # output MatMul name -> fused node
         removed: set[str] = set()
         for sm in g.nodes:
@@ -103,6 +107,7 @@ class FuseAttention:
                 removed.add(cand.transpose.name)
         if replaced:
             g.nodes = [replaced.get(n.name, n) for n in g.nodes if n.name not in removed]
+        return report
 
     def _match(self, g: Graph, sm: Node) -> tuple[Candidate | None, tuple[str, str, str] | None]:
         producers, consumers = g.producer_map(), g.consumers()
@@ -194,7 +199,7 @@ class FuseAttention:
             return [], None
         return inside, end
 
-    def _fuse(self, g: Graph, c: Candidate, report) -> Node | None:  # noqa: ANN001
+    def _fuse(self, g: Graph, c: Candidate, report: GraphReport) -> Node | None:
         kt = c.k_transposed
         q = c.scores.inputs[0]
         key = c.transpose.inputs[0] if kt else c.scores.inputs[1]

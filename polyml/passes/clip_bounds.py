@@ -12,9 +12,13 @@ taken (a bound that is a computed tensor stays an input).
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import ClassVar
+
 import numpy as np
 
 from polyml.graph import Graph, Node
+from polyml.passes.graph import GraphPass, GraphReport, register_graph_pass
 
 
 def fold_clip_bounds(g: Graph) -> list[dict]:
@@ -40,3 +44,14 @@ def fold_clip_bounds(g: Graph) -> list[dict]:
         g.nodes[i] = Node(n.name, n.op_type, inputs, list(n.outputs), attrs, source=n.source, opset=n.opset)
         done.append({"into": n.source or n.label, "op_type": "Clip bounds→attributes"})
     return done
+
+
+@register_graph_pass
+@dataclass(frozen=True)
+class FoldClipBounds(GraphPass):
+    """A Clip's constant scalar bounds become attributes: a chain with no inputs of its own."""
+
+    name: ClassVar[str] = "clip-bounds"
+
+    def rewrite(self, g: Graph) -> GraphReport:
+        return GraphReport(rewritten=fold_clip_bounds(g), passes=[self.name])

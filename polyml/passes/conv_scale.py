@@ -19,7 +19,11 @@ undilated, ungrouped, batch 1.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import ClassVar
+
 from polyml.graph import Graph, Node
+from polyml.passes.graph import GraphPass, GraphReport, register_graph_pass
 
 
 def _is_channel_gate(shape: tuple[int, ...], rank: int, channels: int) -> bool:
@@ -75,3 +79,14 @@ def fold_conv_input_scales(g: Graph) -> list[dict]:
             break
     g.nodes = [n for n in g.nodes if n.name not in dropped]
     return done
+
+
+@register_graph_pass
+@dataclass(frozen=True)
+class FoldConvInputScales(GraphPass):
+    """A run-time per-channel scale whose only reader is a 1x1 Conv is applied by the Conv as it reads."""
+
+    name: ClassVar[str] = "conv-scales"
+
+    def rewrite(self, g: Graph) -> GraphReport:
+        return GraphReport(groups=fold_conv_input_scales(g), passes=[self.name])

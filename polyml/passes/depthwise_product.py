@@ -19,10 +19,14 @@ planes, batch 1, ``K ≤ 64``).
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import ClassVar
+
 from polyml.graph import Graph, Node
 from polyml.kernels.depthwise_product import DEPTHWISE_PRODUCT_OP, chains_fit, product_plan
 from polyml.options import CodegenConfig
 from polyml.passes.conv_scale import pointwise_conv
+from polyml.passes.graph import GraphPass, GraphReport, register_graph_pass
 
 
 def fold_depthwise_products(g: Graph, config: CodegenConfig) -> list[dict]:
@@ -76,3 +80,16 @@ def absorb_groups(groups: list[dict], fused: list[dict]) -> list[dict]:
             ops.extend(grp["ops"] if grp is not None else [])
         out.append({**entry, "ops": list(dict.fromkeys(ops or entry["ops"]))})
     return [grp for grp in groups if id(grp) not in gone] + out
+
+
+@register_graph_pass
+@dataclass(frozen=True)
+class FoldDepthwiseProducts(GraphPass):
+    """A 1x1 expansion computed inside the depthwise Conv that reads it."""
+
+    name: ClassVar[str] = "depthwise-products"
+    #: the build's code generation settings: the fused form exists for some kernel plans only
+    config: CodegenConfig = CodegenConfig()
+
+    def rewrite(self, g: Graph) -> GraphReport:
+        return GraphReport(groups=fold_depthwise_products(g, self.config), passes=[self.name])

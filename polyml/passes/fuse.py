@@ -46,7 +46,8 @@ violated dependence), or when the producer is an op with no fusable form.
 from __future__ import annotations
 
 import copy
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from typing import ClassVar
 
 import numpy as np
 
@@ -54,34 +55,30 @@ from polyml.graph import Graph, Node, TensorType
 from polyml.kernels.elementwise import elementwise_ops
 from polyml.options import CodegenConfig
 from polyml.passes.attention import FuseAttention
-from polyml.passes.clip_bounds import fold_clip_bounds
-from polyml.passes.conv_scale import fold_conv_input_scales
-from polyml.passes.depthwise_product import absorb_groups, fold_depthwise_products
-from polyml.passes.silu import fold_silu
+from polyml.passes.clip_bounds import FoldClipBounds
+from polyml.passes.conv_scale import FoldConvInputScales
+from polyml.passes.depthwise_product import FoldDepthwiseProducts, absorb_groups
+from polyml.passes.graph import GraphPass, GraphReport, register_graph_pass
+from polyml.passes.silu import FoldSilu
 
 #: producers that can run an elementwise chain as an epilogue on their output
 EPILOGUE_HOSTS = frozenset(["Conv"])
 ELEMENTWISE_OP = "polyml.Elementwise"
 
 
-@dataclass
-class FusionReport:
-    """Which ops went into which nest, and why other candidates did not."""
-
-    groups: list[dict] = field(default_factory=list)
-    blocked: list[dict] = field(default_factory=list)
-    folded: list[dict] = field(default_factory=list)
-
-    def to_json(self) -> dict:
-        return {"groups": self.groups, "blocked": self.blocked, "folded": self.folded}
+#: the fusion's report: nests formed, edges left and why, constants folded (one type for every graph pass)
+FusionReport = GraphReport
 
 
-@dataclass
-class FuseOperators:
-    """Graph pass: fold batch norms, then fuse elementwise chains and conv epilogues."""
+@register_graph_pass
+@dataclass(frozen=True)
+class FuseOperators(GraphPass):
+    """Fold batch norms, then fuse elementwise chains, conv epilogues, attention heads and pool prologues."""
 
-    name: str = "fuse"
+    name: ClassVar[str] = "fuse-operators"
     fold_into_conv: bool = True
+    #: ``Mul(x, Sigmoid(x))`` as ``Swish(x)`` first (:mod:`polyml.passes.silu`)
+    silu: bool = True
     #: fuse each head's MatMul → chain → Softmax → MatMul (:mod:`polyml.passes.attention`)
     attention: bool = True
     #: a run-time per-channel scale before a 1x1 Conv read by the Conv (:mod:`polyml.passes.conv_scale`)
@@ -91,25 +88,34 @@ class FuseOperators:
     #: the build's code generation settings: some fused forms exist for some kernel plans only
     config: CodegenConfig = CodegenConfig()
 
-    def apply(self, graph: Graph) -> tuple[Graph, FusionReport]:
-        g = copy.deepcopy(graph)
-        report = FusionReport()
+    def rewrite(self, g: Graph) -> GraphReport:
+        report = GraphReport(passes=[self.name])
+
+        def run(part: GraphPass) -> GraphReport:
+            sub = part.rewrite(g)
+            report.passes.extend(sub.passes)
+            report.blocked.extend(sub.blocked)
+            report.folded.extend(sub.folded)
+            report.rewritten.extend(sub.rewritten)
+            return sub
+
         _batchnorm_to_affine(g)
-        fold_silu(g)  # x·sigmoid(x) read once, so it can be a conv epilogue
-        fold_clip_bounds(g)  # constant bounds: a chain with no inputs of its own
+        if self.silu:
+            run(FoldSilu())  # x·sigmoid(x) read once, so it can be a conv epilogue
+        run(FoldClipBounds())  # constant bounds: a chain with no inputs of its own
         if self.fold_into_conv:
             _fold_affine_into_conv(g, report)
         if self.attention:
-            FuseAttention().apply(g, report)
+            report.groups.extend(run(FuseAttention()).groups)
         _fuse_chains(g, report)
         if self.conv_scales:
-            report.groups.extend(fold_conv_input_scales(g))
+            report.groups.extend(run(FoldConvInputScales()).groups)
         if self.depthwise_products:
-            report.groups = absorb_groups(report.groups, fold_depthwise_products(g, self.config))
+            report.groups = absorb_groups(report.groups, run(FoldDepthwiseProducts(self.config)).groups)
         _fuse_pool_prologues(g, report)
         _report_edges(g, report)
         g.prune()
-        return g, report
+        return report
 
 
 # -- batch norm → per-channel multiply-add ----------------------------------------------------

@@ -37,13 +37,14 @@ folded into float32 constants.
 
 from __future__ import annotations
 
-import copy
 from dataclasses import dataclass, field
+from typing import ClassVar
 
 import numpy as np
 
 from polyml.graph import Graph, Node, TensorType
 from polyml.kernels import Operand, registry
+from polyml.passes.graph import GraphPass, register_graph_pass
 
 MS = "com.microsoft."
 #: ops that only select or move elements: run on the quantized tensor when DQ and Q agree
@@ -96,22 +97,25 @@ class _DQ:
                 and np.array_equal(self.scale.reshape(-1), q.scale.reshape(-1)) and np.array_equal(zp_a.reshape(-1), zp_b.reshape(-1)))
 
 
-@dataclass
-class QuantizeQDQ:
-    """Graph pass: rewrite QDQ sandwiches into integer ops (see the module docstring)."""
+@register_graph_pass
+@dataclass(frozen=True)
+class QuantizeQDQ(GraphPass):
+    """QDQ sandwiches (DequantizeLinear → float op → QuantizeLinear) become integer ops."""
 
-    name: str = "quantize"
+    name: ClassVar[str] = "quantize"
 
     def apply(self, graph: Graph) -> tuple[Graph, QuantizationReport]:
-        report = QuantizationReport()
         if not any(n.op_type in QDQ for n in graph.nodes):
-            return graph, report
-        g = copy.deepcopy(graph)
+            return graph, QuantizationReport()  # nothing to rewrite: no copy
+        return super().apply(graph)
+
+    def rewrite(self, g: Graph) -> QuantizationReport:
+        report = QuantizationReport()
         _Rewriter(g, report).run()
         g.prune()
         _fold_constant_dequantize(g, report)
         _report_float(g, report)
-        return g, report
+        return report
 
 
 def _param(g: Graph, node: Node, pos: int) -> tuple[np.ndarray | None, str]:

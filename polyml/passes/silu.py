@@ -15,7 +15,11 @@ both operands have the Mul's shape (no broadcasting) and are float32.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import ClassVar
+
 from polyml.graph import Graph, Node
+from polyml.passes.graph import GraphPass, GraphReport, register_graph_pass
 
 
 def fold_silu(g: Graph) -> list[dict]:
@@ -45,3 +49,14 @@ def fold_silu(g: Graph) -> list[dict]:
     if replaced:
         g.nodes = [replaced.get(n.name, n) for n in g.nodes if n.name not in dropped]
     return done
+
+
+@register_graph_pass
+@dataclass(frozen=True)
+class FoldSilu(GraphPass):
+    """``Mul(x, Sigmoid(x))`` → ``Swish(x)``, so the chain reads ``x`` once."""
+
+    name: ClassVar[str] = "silu"
+
+    def rewrite(self, g: Graph) -> GraphReport:
+        return GraphReport(rewritten=fold_silu(g), passes=[self.name])
