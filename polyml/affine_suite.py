@@ -1,8 +1,12 @@
 """The affine kernel suite (``benchmarks/affine/``): build a kernel four ways, run it, compare.
 
-Each kernel is one C file (float64 arrays, compile-time sizes: ``-DSMALL`` for CI, LARGE by
-default) whose ``main`` times one call of the kernel function and, given a path, dumps the
-output arrays as raw float64 (``benchmarks/affine/affine.h``).  The builds:
+Each kernel is one C file (float64 arrays; sizes ``-DSMALL`` for CI, LARGE by default) whose
+``main`` times one call of the kernel function and, given a path, dumps the output arrays as raw
+float64 (``benchmarks/affine/affine.h``).  The kernel function takes its sizes as ``int``
+arguments, in two forms (:data:`FORMS`): ``parametric`` (the default) uses them in its loop
+bounds and VLA array parameters, so its SCoPs have the sizes as parameters; ``constant``
+(``-DAFFINE_CONSTANT``) uses the compile-time constants instead.  Both give bit-identical
+outputs.  The builds:
 
 ``O3``              ``clang-19 -O3 -march=native``                        (the reference)
 ``polly``           ``... -mllvm -polly``
@@ -25,6 +29,7 @@ from __future__ import annotations
 
 import os
 import re
+import resource
 import subprocess
 import sys
 from collections.abc import Sequence
@@ -48,6 +53,7 @@ KERNELS = (
 STENCILS = ("jacobi-1d", "jacobi-2d", "seidel-2d", "heat-3d", "fdtd-2d", "adi")
 VARIANTS = ("O3", "polly", "polly-parallel", "polyml")
 SIZES = ("small", "large")
+FORMS = ("parametric", "constant")
 RTOL = 1e-9
 
 COMMON = ["-march=native", "-fno-math-errno"]
@@ -70,6 +76,12 @@ def size_flags(size: str) -> list[str]:
     if size not in SIZES:
         raise PolymlError(f"unknown size {size!r} (sizes: {', '.join(SIZES)})")
     return ["-DSMALL"] if size == "small" else []
+
+
+def form_flags(form: str) -> list[str]:
+    if form not in FORMS:
+        raise PolymlError(f"unknown form {form!r} (forms: {', '.join(FORMS)})")
+    return ["-DAFFINE_CONSTANT"] if form == "constant" else []
 
 
 def polyml_command() -> list[str]:
@@ -99,23 +111,25 @@ class Build:
     exe: Path
     commands: tuple[str, ...]
     opt_output: str = ""  # polyml opt's report (SCoPs transformed, ...)
+    form: str = "parametric"
 
 
 def build(kernel: str, variant: str, size: str, work: Path, passes: str | None = None,
-          opt_args: Sequence[str] = (), opt_timeout: float | None = None) -> Build:
+          opt_args: Sequence[str] = (), opt_timeout: float | None = None, form: str = "parametric") -> Build:
     """Build ``kernel`` as ``variant`` into ``work``; ``passes``: polyml's pipeline (None: the
     default pipeline of ``polyml opt``), ``opt_args``: more ``polyml opt`` arguments,
-    ``opt_timeout``: seconds ``polyml opt`` may take (an error after that)."""
+    ``opt_timeout``: seconds ``polyml opt`` may take (an error after that), ``form``: one of
+    :data:`FORMS`.  File names carry neither size nor form: give each its own ``work``."""
     src = source(kernel)
     work.mkdir(parents=True, exist_ok=True)
     stem = f"{kernel}.{variant}"
     exe = work / stem
     clang = tool("clang")
-    flags = [*COMMON, *size_flags(size)]
+    flags = [*COMMON, *size_flags(size), *form_flags(form)]
     if variant in VARIANT_FLAGS:
         cmd = [clang, *VARIANT_FLAGS[variant], *flags, str(src), "-o", str(exe), *LIBS]
         _run(cmd, f"{kernel}: clang ({variant})")
-        return Build(kernel, variant, size, exe, (" ".join(cmd),))
+        return Build(kernel, variant, size, exe, (" ".join(cmd),), form=form)
     if variant != "polyml":
         raise PolymlError(f"unknown variant {variant!r} (variants: {', '.join(VARIANTS)})")
     ll, opt_ll = work / f"{kernel}.ll", work / f"{kernel}.opt.ll"
@@ -125,7 +139,8 @@ def build(kernel: str, variant: str, size: str, work: Path, passes: str | None =
     proc = _run(c2, f"{kernel}: polyml opt", timeout=opt_timeout)
     c3 = [clang, "-O3", *COMMON, str(opt_ll), "-o", str(exe), *LIBS]
     _run(c3, f"{kernel}: clang on polyml's IR")
-    return Build(kernel, variant, size, exe, tuple(" ".join(c) for c in (c1, c2, c3)), proc.stdout + proc.stderr)
+    return Build(kernel, variant, size, exe, tuple(" ".join(c) for c in (c1, c2, c3)), proc.stdout + proc.stderr,
+                 form=form)
 
 
 _SECONDS = re.compile(r"^seconds ([0-9.eE+-]+)$", re.M)
@@ -144,14 +159,29 @@ def kernel_code(exe: Path, kernel: str) -> str:
     return _ADDRESS.sub("", body[1]).strip() if len(body) == 2 else ""
 
 
+#: the stack (KiB) builds run with, at least: Polly's GEMM optimizer keeps its packed copies of the
+#: factors on the stack, sized for the caches when the sizes are parameters (8.4 MB in the
+#: parametric 3mm), which overflows the usual 8 MiB
+STACK_KIB = 65536
+
+
+def _with_stack(cmd: list[str]) -> list[str]:
+    """``cmd`` with a stack of :data:`STACK_KIB` (or the hard limit), unless it has that already."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_STACK)
+    want = STACK_KIB * 1024 if hard == resource.RLIM_INFINITY else min(STACK_KIB * 1024, hard)
+    if soft == resource.RLIM_INFINITY or soft >= want:
+        return cmd
+    return ["sh", "-c", f'ulimit -s {want // 1024} && exec "$0" "$@"', *cmd]
+
+
 def run(b: Build, threads: int = 1, dump: Path | None = None) -> float:
-    """Run a build once (``OMP_NUM_THREADS=threads``); the kernel's seconds."""
+    """Run a build once (``OMP_NUM_THREADS=threads``, a :data:`STACK_KIB` stack); the kernel's seconds."""
     env = {**os.environ, "OMP_NUM_THREADS": str(threads), "GOMP_SPINCOUNT": os.environ.get("GOMP_SPINCOUNT", "1000")}
-    cmd = [str(b.exe), *([str(dump)] if dump else [])]
+    cmd = _with_stack([str(b.exe), *([str(dump)] if dump else [])])
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
     m = _SECONDS.search(proc.stdout)
     if proc.returncode != 0 or not m:
-        raise ToolchainError(f"{b.kernel} ({b.variant}) failed (exit {proc.returncode}): {proc.stderr.strip()[-500:]}")
+        raise ToolchainError(f"{b.kernel} ({b.variant}, {b.form}) failed (exit {proc.returncode}): {proc.stderr.strip()[-500:]}")
     return float(m.group(1))
 
 

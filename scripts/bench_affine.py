@@ -1,7 +1,9 @@
 """The affine kernel suite (benchmarks/affine/) built four ways and timed: clang-19 -O3, -O3 with
 Polly, -O3 with Polly's OpenMP code, and polyml (clang's IR through ``polyml opt``, its default
 pipeline unless ``--passes``, then clang -O3).  See :mod:`polyml.affine_suite` for the builds
-and how outputs are compared.
+and how outputs are compared.  ``--form`` picks the kernels' form: ``parametric`` (the default:
+sizes are the kernel function's int arguments, parameters of its SCoPs) or ``constant``
+(``-DAFFINE_CONSTANT``: compile-time sizes).
 
 Every build's dumped arrays are checked against the -O3 build's first (normwise relative error
 <= 1e-9, bit-exactness reported); then each kernel's builds run in interleaved rounds (one run of
@@ -12,8 +14,9 @@ where the default pipeline keeps the source order) are marked "same code": their
 run-to-run noise of one binary run twice.  The -O3 and
 -O3 -polly builds are serial: they are timed once, at 1 thread.
 
-    python scripts/bench_affine.py [--kernels gemm,lu] [--size small|large] [--repeat 5] [--threads 1,2] \
-        [--passes PIPELINE] [--variants O3,polly,polly-parallel,polyml] [--jobs 2] [--work DIR] [--json out.json]
+    python scripts/bench_affine.py [--kernels gemm,lu] [--size small|large] [--form parametric|constant] \
+        [--repeat 5] [--threads 1,2] [--passes PIPELINE] [--variants O3,polly,polly-parallel,polyml] [--jobs 2] \
+        [--work DIR] [--json out.json]
 
 Exit status 1 if a build fails or polyml's output differs from -O3's; other builds whose output
 differs (Polly's GEMM pattern miscompiles symm at the large size) are flagged in the table.
@@ -46,6 +49,8 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--kernels", default=",".join(A.KERNELS), help="comma-separated (default: all 25)")
     p.add_argument("--size", choices=A.SIZES, default="large")
+    p.add_argument("--form", choices=A.FORMS, default="parametric",
+                   help="sizes as the kernel's int arguments (parametric) or compile-time constants")
     p.add_argument("--repeat", type=int, default=5, help="timed rounds per kernel and thread count (median)")
     p.add_argument("--threads", default="1,2", help="OMP_NUM_THREADS values to time the parallel builds at")
     p.add_argument("--passes", default=None, help="polyml opt pipeline (default: polyml opt's default pipeline)")
@@ -81,11 +86,13 @@ def main(argv: list[str] | None = None) -> int:
 
 def run_suite(kernels: list[str], variants: list[str], threads: list[int], args: argparse.Namespace,
               work: Path) -> list[dict]:
+    work = work / f"{args.size}-{args.form}"  # runs of another size or form may share --work
+
     def build(kv: tuple[str, str]):
         k, v = kv
         t0 = time.perf_counter()
         try:
-            b = A.build(k, v, args.size, work / k, passes=args.passes)
+            b = A.build(k, v, args.size, work / k, passes=args.passes, form=args.form)
             return kv, b, time.perf_counter() - t0, ""
         except PolymlError as e:
             return kv, None, time.perf_counter() - t0, str(e)
@@ -95,8 +102,8 @@ def run_suite(kernels: list[str], variants: list[str], threads: list[int], args:
         built = {kv: (b, secs, err) for kv, b, secs, err in pool.map(build, jobs)}
     results = []
     for k in kernels:
-        r: dict = {"kernel": k, "size": args.size, "passes": args.passes or "(default)", "builds": {}, "checks": {},
-                   "seconds": {}}
+        r: dict = {"kernel": k, "size": args.size, "form": args.form, "passes": args.passes or "(default)",
+                   "builds": {}, "checks": {}, "seconds": {}}
         builds = {}
         for v in variants:
             b, secs, err = built[(k, v)]
@@ -162,7 +169,7 @@ def print_table(results: list[dict], variants: list[str], threads: list[int], ar
     cols = [(v, t) for v in variants for t in ([1] if v in SERIAL else threads)]
     tmax = max(threads)
     head = ["kernel", *[f"{v} {t}t" for v, t in cols], "check", "polyml/O3 1t", f"polyml/polly-par {tmax}t"]
-    print(f"\nseconds, median of {args.repeat} interleaved runs, size {args.size}, polyml passes: "
+    print(f"\nseconds, median of {args.repeat} interleaved runs, size {args.size}, form {args.form}, polyml passes: "
           f"{args.passes or '(default pipeline)'}; ratios are speedups (>1: polyml faster)\n")
     print("| " + " | ".join(head) + " |")
     print("|" + "---|" * len(head))

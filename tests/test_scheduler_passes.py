@@ -244,6 +244,49 @@ def test_gemm_left_to_polly_matches_O3(suite) -> None:
     assert "llvm.loop.unroll.disable" not in (suite / "gemm" / "gemm.opt.ll").read_text()
 
 
+def _gemm(suite) -> None:
+    """gemm built -O3 and through ``polyml opt`` (by the test above, or now)."""
+    if not (suite / "gemm" / "gemm.opt.ll").exists():
+        _check("gemm", suite, None)
+
+
+def test_polly_functions_finds_the_code_polly_generated(suite) -> None:
+    """The check behind the hand-off: Polly's blocks (``polly.*``) in gemm's function after
+    ``polyml opt``, none in plain -O3's code of the same IR."""
+    from polyml.scop import optimize
+
+    _gemm(suite)
+    assert "kernel_gemm" in optimize.polly_functions((suite / "gemm" / "gemm.opt.ll").read_text())
+    plain = suite / "gemm" / "plain.ll"
+    subprocess.run([tool("opt"), "-O3", str(suite / "gemm" / "gemm.ll"), "-S", "-o", str(plain)], check=True)
+    assert optimize.polly_functions(plain.read_text()) == set()
+
+
+def test_a_product_polly_leaves_unchanged_gets_polymls_pipeline(suite, monkeypatch, capsys) -> None:
+    """Where Polly's optimizer takes nothing (here: it is made to do nothing), the default policy
+    runs polyml's pipeline on that function instead of leaving it at -O3; an explicit
+    ``--passes polly`` keeps Polly and says it left the function unchanged."""
+    from polyml.scop import optimize
+
+    _gemm(suite)
+    monkeypatch.setattr(optimize, "polly_optimize", lambda *a, **k: None)
+    ll = suite / "gemm" / "gemm.ll"
+    out = suite / "gemm" / "dismissed.ll"
+    assert main(["opt", str(ll), "-o", str(out), "--threads", "1"]) == 0
+    said = "".join(capsys.readouterr())
+    assert re.search(r"kernel_gemm .*transformed \(schedule,tile.*\): Polly's optimizer left it unchanged", said)
+    assert "Packed_" not in out.read_text()  # polyml's schedule, not Polly's GEMM pattern
+    exe = suite / "gemm" / "dismissed"
+    subprocess.run([tool("clang"), "-O3", *A.COMMON, str(out), "-o", str(exe), *A.LIBS], check=True)
+    a, b = suite / "gemm" / "dismissed.bin", suite / "gemm" / "O3.bin"
+    A.run(A.Build("gemm", "polyml", "small", exe, ()), dump=a)
+    A.run(A.Build("gemm", "O3", "small", suite / "gemm" / "gemm.O3", ()), dump=b)
+    assert A.compare(b, a).exact
+    assert main(["opt", str(ll), "-o", str(out), "--passes", "polly"]) == 0
+    said = "".join(capsys.readouterr())
+    assert "left to Polly's optimizer, which left it unchanged (-O3's code)" in said
+
+
 def test_tune_keeps_the_fastest(suite, capsys) -> None:
     kernel = "atax"
     work = suite / "tune"

@@ -15,19 +15,22 @@
 #define NL AFFINE_PICK(48, 1200)
 #endif
 
-AFFINE_NOINLINE void kernel_2mm(double alpha, double beta, double T[restrict NI][NJ],
-                                const double A[restrict NI][NK], const double B[restrict NK][NJ],
-                                const double C[restrict NJ][NL], double D[restrict NI][NL]) {
-  for (int i = 0; i < NI; i++)
-    for (int j = 0; j < NJ; j++) {
+AFFINE_NOINLINE void kernel_2mm(int ni, int nj, int nk, int nl, double alpha, double beta,
+                                double T[restrict AFFINE_N(ni, NI)][AFFINE_N(nj, NJ)],
+                                const double A[restrict AFFINE_N(ni, NI)][AFFINE_N(nk, NK)],
+                                const double B[restrict AFFINE_N(nk, NK)][AFFINE_N(nj, NJ)],
+                                const double C[restrict AFFINE_N(nj, NJ)][AFFINE_N(nl, NL)],
+                                double D[restrict AFFINE_N(ni, NI)][AFFINE_N(nl, NL)]) {
+  for (int i = 0; i < AFFINE_N(ni, NI); i++)
+    for (int j = 0; j < AFFINE_N(nj, NJ); j++) {
       T[i][j] = 0.0;
-      for (int k = 0; k < NK; k++)
+      for (int k = 0; k < AFFINE_N(nk, NK); k++)
         T[i][j] += alpha * A[i][k] * B[k][j];
     }
-  for (int i = 0; i < NI; i++)
-    for (int l = 0; l < NL; l++) {
+  for (int i = 0; i < AFFINE_N(ni, NI); i++)
+    for (int l = 0; l < AFFINE_N(nl, NL); l++) {
       D[i][l] *= beta;
-      for (int j = 0; j < NJ; j++)
+      for (int j = 0; j < AFFINE_N(nj, NJ); j++)
         D[i][l] += T[i][j] * C[j][l];
     }
 }
@@ -46,8 +49,9 @@ int main(int argc, char **argv) {
     for (int l = 0; l < NL; l++) C[j][l] = affine_value(3, j, l, 0);
   for (int i = 0; i < NI; i++)
     for (int l = 0; l < NL; l++) D[i][l] = affine_value(4, i, l, 0);
+  const int ni = affine_size(NI), nj = affine_size(NJ), nk = affine_size(NK), nl = affine_size(NL);
   double seconds;
-  AFFINE_TIME(seconds, kernel_2mm(1.5, 1.2, T, A, B, C, D));
+  AFFINE_TIME(seconds, kernel_2mm(ni, nj, nk, nl, 1.5, 1.2, T, A, B, C, D));
   affine_finish(argc, argv, seconds, (const double *)T, (size_t)NI * NJ, (const double *)D, (size_t)NI * NL,
                 (const double *)0);
   return 0;

@@ -18,26 +18,30 @@
 #define NM AFFINE_PICK(48, 700)
 #endif
 
-AFFINE_NOINLINE void kernel_3mm(double E[restrict NI][NJ], const double A[restrict NI][NK],
-                                const double B[restrict NK][NJ], double F[restrict NJ][NL],
-                                const double C[restrict NJ][NM], const double D[restrict NM][NL],
-                                double G[restrict NI][NL]) {
-  for (int i = 0; i < NI; i++)
-    for (int j = 0; j < NJ; j++) {
+AFFINE_NOINLINE void kernel_3mm(int ni, int nj, int nk, int nl, int nm,
+                                double E[restrict AFFINE_N(ni, NI)][AFFINE_N(nj, NJ)],
+                                const double A[restrict AFFINE_N(ni, NI)][AFFINE_N(nk, NK)],
+                                const double B[restrict AFFINE_N(nk, NK)][AFFINE_N(nj, NJ)],
+                                double F[restrict AFFINE_N(nj, NJ)][AFFINE_N(nl, NL)],
+                                const double C[restrict AFFINE_N(nj, NJ)][AFFINE_N(nm, NM)],
+                                const double D[restrict AFFINE_N(nm, NM)][AFFINE_N(nl, NL)],
+                                double G[restrict AFFINE_N(ni, NI)][AFFINE_N(nl, NL)]) {
+  for (int i = 0; i < AFFINE_N(ni, NI); i++)
+    for (int j = 0; j < AFFINE_N(nj, NJ); j++) {
       E[i][j] = 0.0;
-      for (int k = 0; k < NK; k++)
+      for (int k = 0; k < AFFINE_N(nk, NK); k++)
         E[i][j] += A[i][k] * B[k][j];
     }
-  for (int j = 0; j < NJ; j++)
-    for (int l = 0; l < NL; l++) {
+  for (int j = 0; j < AFFINE_N(nj, NJ); j++)
+    for (int l = 0; l < AFFINE_N(nl, NL); l++) {
       F[j][l] = 0.0;
-      for (int m = 0; m < NM; m++)
+      for (int m = 0; m < AFFINE_N(nm, NM); m++)
         F[j][l] += C[j][m] * D[m][l];
     }
-  for (int i = 0; i < NI; i++)
-    for (int l = 0; l < NL; l++) {
+  for (int i = 0; i < AFFINE_N(ni, NI); i++)
+    for (int l = 0; l < AFFINE_N(nl, NL); l++) {
       G[i][l] = 0.0;
-      for (int j = 0; j < NJ; j++)
+      for (int j = 0; j < AFFINE_N(nj, NJ); j++)
         G[i][l] += E[i][j] * F[j][l];
     }
 }
@@ -58,8 +62,10 @@ int main(int argc, char **argv) {
     for (int m = 0; m < NM; m++) C[j][m] = affine_value(3, j, m, 0);
   for (int m = 0; m < NM; m++)
     for (int l = 0; l < NL; l++) D[m][l] = affine_value(4, m, l, 0);
+  const int ni = affine_size(NI), nj = affine_size(NJ), nk = affine_size(NK), nl = affine_size(NL),
+            nm = affine_size(NM);
   double seconds;
-  AFFINE_TIME(seconds, kernel_3mm(E, A, B, F, C, D, G));
+  AFFINE_TIME(seconds, kernel_3mm(ni, nj, nk, nl, nm, E, A, B, F, C, D, G));
   affine_finish(argc, argv, seconds, (const double *)E, (size_t)NI * NJ, (const double *)F, (size_t)NJ * NL,
                 (const double *)G, (size_t)NI * NL, (const double *)0);
   return 0;

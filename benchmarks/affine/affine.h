@@ -9,6 +9,19 @@
  *   stdout:  "seconds <wall time of the kernel call>"   (clock_gettime, CLOCK_MONOTONIC)
  *   argv[1]: if given, the output arrays, raw float64 in the order the kernel lists them,
  *            written to that file (for comparing builds bit for bit).
+ *
+ * Each file gives two forms of its kernel, PolyBench-4 style.  The kernel function always takes
+ * its sizes (and a stencil its time steps) as leading int arguments; its loop bounds and the
+ * extents of its VLA array parameters are written AFFINE_N(param, CONSTANT):
+ *
+ *   parametric (the default): AFFINE_N is the int argument, as C kernels are written; main
+ *       passes the sizes through affine_size(), a volatile read, so that no compiler (LTO,
+ *       function specialization) can fold them into the kernel: its SCoP keeps them as
+ *       parameters.
+ *   constant (-DAFFINE_CONSTANT): AFFINE_N is the compile-time constant, the int arguments are
+ *       unused; loop bounds and array strides are known to the compiler.
+ *
+ * Both forms do the same arithmetic in the same order, so their outputs are bit-identical.
  */
 #ifndef POLYML_AFFINE_H
 #define POLYML_AFFINE_H
@@ -26,7 +39,20 @@
 #define AFFINE_PICK(small, large) (large)
 #endif
 
+#ifdef AFFINE_CONSTANT
+#define AFFINE_N(param, constant) (constant)
+#else
+#define AFFINE_N(param, constant) (param)
+#endif
+
 #define AFFINE_NOINLINE __attribute__((noinline))
+
+/* n, read back through a volatile: a value no optimizer may assume, for the kernel's size
+ * arguments (they stay the kernel's parameters even if the kernel is specialized or inlined). */
+static inline int affine_size(int n) {
+  volatile int v = n;
+  return v;
+}
 
 static inline double affine_now(void) {
   struct timespec ts;

@@ -12,28 +12,29 @@
 #define N AFFINE_PICK(32, 900)
 #endif
 
-AFFINE_NOINLINE void kernel_correlation(double data[restrict N][M], double corr[restrict M][M],
-                                        double mean[restrict M], double sd[restrict M]) {
-  for (int j = 0; j < M; j++) {
+AFFINE_NOINLINE void kernel_correlation(int m, int n, double data[restrict AFFINE_N(n, N)][AFFINE_N(m, M)],
+                                        double corr[restrict AFFINE_N(m, M)][AFFINE_N(m, M)],
+                                        double mean[restrict AFFINE_N(m, M)], double sd[restrict AFFINE_N(m, M)]) {
+  for (int j = 0; j < AFFINE_N(m, M); j++) {
     mean[j] = 0.0;
-    for (int i = 0; i < N; i++)
+    for (int i = 0; i < AFFINE_N(n, N); i++)
       mean[j] += data[i][j];
-    mean[j] /= (double)N;
+    mean[j] /= (double)AFFINE_N(n, N);
   }
-  for (int j = 0; j < M; j++) {
+  for (int j = 0; j < AFFINE_N(m, M); j++) {
     sd[j] = 0.0;
-    for (int i = 0; i < N; i++)
+    for (int i = 0; i < AFFINE_N(n, N); i++)
       sd[j] += (data[i][j] - mean[j]) * (data[i][j] - mean[j]);
-    sd[j] = sqrt(sd[j] / (double)N);
+    sd[j] = sqrt(sd[j] / (double)AFFINE_N(n, N));
   }
-  for (int i = 0; i < N; i++)
-    for (int j = 0; j < M; j++)
-      data[i][j] = (data[i][j] - mean[j]) / (sqrt((double)N) * sd[j]);
-  for (int a = 0; a < M; a++) {
+  for (int i = 0; i < AFFINE_N(n, N); i++)
+    for (int j = 0; j < AFFINE_N(m, M); j++)
+      data[i][j] = (data[i][j] - mean[j]) / (sqrt((double)AFFINE_N(n, N)) * sd[j]);
+  for (int a = 0; a < AFFINE_N(m, M); a++) {
     corr[a][a] = 1.0;
-    for (int b = a + 1; b < M; b++) {
+    for (int b = a + 1; b < AFFINE_N(m, M); b++) {
       corr[a][b] = 0.0;
-      for (int i = 0; i < N; i++)
+      for (int i = 0; i < AFFINE_N(n, N); i++)
         corr[a][b] += data[i][a] * data[i][b];
       corr[b][a] = corr[a][b];
     }
@@ -46,8 +47,9 @@ int main(int argc, char **argv) {
   double *mean = affine_alloc(sizeof(double[M])), *sd = affine_alloc(sizeof(double[M]));
   for (int i = 0; i < N; i++)
     for (int j = 0; j < M; j++) data[i][j] = affine_value(1, i, j, 0);
+  const int m = affine_size(M), n = affine_size(N);
   double seconds;
-  AFFINE_TIME(seconds, kernel_correlation(data, corr, mean, sd));
+  AFFINE_TIME(seconds, kernel_correlation(m, n, data, corr, mean, sd));
   affine_finish(argc, argv, seconds, (const double *)corr, (size_t)M * M, (const double *)mean, (size_t)M,
                 (const double *)sd, (size_t)M, (const double *)data, (size_t)N * M, (const double *)0);
   return 0;

@@ -10,23 +10,24 @@
 #define N AFFINE_PICK(32, 900)
 #endif
 
-AFFINE_NOINLINE void kernel_covariance(double data[restrict N][M], double cov[restrict M][M],
-                                       double mean[restrict M]) {
-  for (int j = 0; j < M; j++) {
+AFFINE_NOINLINE void kernel_covariance(int m, int n, double data[restrict AFFINE_N(n, N)][AFFINE_N(m, M)],
+                                       double cov[restrict AFFINE_N(m, M)][AFFINE_N(m, M)],
+                                       double mean[restrict AFFINE_N(m, M)]) {
+  for (int j = 0; j < AFFINE_N(m, M); j++) {
     mean[j] = 0.0;
-    for (int i = 0; i < N; i++)
+    for (int i = 0; i < AFFINE_N(n, N); i++)
       mean[j] += data[i][j];
-    mean[j] /= (double)N;
+    mean[j] /= (double)AFFINE_N(n, N);
   }
-  for (int i = 0; i < N; i++)
-    for (int j = 0; j < M; j++)
+  for (int i = 0; i < AFFINE_N(n, N); i++)
+    for (int j = 0; j < AFFINE_N(m, M); j++)
       data[i][j] -= mean[j];
-  for (int a = 0; a < M; a++)
-    for (int b = a; b < M; b++) {
+  for (int a = 0; a < AFFINE_N(m, M); a++)
+    for (int b = a; b < AFFINE_N(m, M); b++) {
       cov[a][b] = 0.0;
-      for (int i = 0; i < N; i++)
+      for (int i = 0; i < AFFINE_N(n, N); i++)
         cov[a][b] += data[i][a] * data[i][b];
-      cov[a][b] /= (double)(N - 1);
+      cov[a][b] /= (double)(AFFINE_N(n, N) - 1);
       cov[b][a] = cov[a][b];
     }
 }
@@ -37,8 +38,9 @@ int main(int argc, char **argv) {
   double *mean = affine_alloc(sizeof(double[M]));
   for (int i = 0; i < N; i++)
     for (int j = 0; j < M; j++) data[i][j] = affine_value(1, i, j, 0);
+  const int m = affine_size(M), n = affine_size(N);
   double seconds;
-  AFFINE_TIME(seconds, kernel_covariance(data, cov, mean));
+  AFFINE_TIME(seconds, kernel_covariance(m, n, data, cov, mean));
   affine_finish(argc, argv, seconds, (const double *)cov, (size_t)M * M, (const double *)mean, (size_t)M,
                 (const double *)data, (size_t)N * M, (const double *)0);
   return 0;

@@ -12,16 +12,18 @@
 #define NP AFFINE_PICK(12, 160)
 #endif
 
-AFFINE_NOINLINE void kernel_doitgen(double A[restrict NR][NQ][NP], const double X[restrict NP][NP],
-                                    double t[restrict NP]) {
-  for (int r = 0; r < NR; r++)
-    for (int q = 0; q < NQ; q++) {
-      for (int p = 0; p < NP; p++) {
+AFFINE_NOINLINE void kernel_doitgen(int nr, int nq, int np,
+                                    double A[restrict AFFINE_N(nr, NR)][AFFINE_N(nq, NQ)][AFFINE_N(np, NP)],
+                                    const double X[restrict AFFINE_N(np, NP)][AFFINE_N(np, NP)],
+                                    double t[restrict AFFINE_N(np, NP)]) {
+  for (int r = 0; r < AFFINE_N(nr, NR); r++)
+    for (int q = 0; q < AFFINE_N(nq, NQ); q++) {
+      for (int p = 0; p < AFFINE_N(np, NP); p++) {
         t[p] = 0.0;
-        for (int s = 0; s < NP; s++)
+        for (int s = 0; s < AFFINE_N(np, NP); s++)
           t[p] += A[r][q][s] * X[s][p];
       }
-      for (int p = 0; p < NP; p++)
+      for (int p = 0; p < AFFINE_N(np, NP); p++)
         A[r][q][p] = t[p];
     }
 }
@@ -35,8 +37,9 @@ int main(int argc, char **argv) {
       for (int p = 0; p < NP; p++) A[r][q][p] = affine_value(1, r, q, p);
   for (int s = 0; s < NP; s++)
     for (int p = 0; p < NP; p++) X[s][p] = affine_value(2, s, p, 0);
+  const int nr = affine_size(NR), nq = affine_size(NQ), np = affine_size(NP);
   double seconds;
-  AFFINE_TIME(seconds, kernel_doitgen(A, X, t));
+  AFFINE_TIME(seconds, kernel_doitgen(nr, nq, np, A, X, t));
   affine_finish(argc, argv, seconds, (const double *)A, (size_t)NR * NQ * NP, (const double *)t, (size_t)NP,
                 (const double *)0);
   return 0;

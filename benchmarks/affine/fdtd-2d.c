@@ -15,19 +15,21 @@
 #define NY AFFINE_PICK(36, 1000)
 #endif
 
-AFFINE_NOINLINE void kernel_fdtd_2d(double ex[restrict NX][NY], double ey[restrict NX][NY],
-                                    double hz[restrict NX][NY], const double src[restrict TSTEPS]) {
-  for (int t = 0; t < TSTEPS; t++) {
-    for (int j = 0; j < NY; j++)
+AFFINE_NOINLINE void kernel_fdtd_2d(int tsteps, int nx, int ny, double ex[restrict AFFINE_N(nx, NX)][AFFINE_N(ny, NY)],
+                                    double ey[restrict AFFINE_N(nx, NX)][AFFINE_N(ny, NY)],
+                                    double hz[restrict AFFINE_N(nx, NX)][AFFINE_N(ny, NY)],
+                                    const double src[restrict AFFINE_N(tsteps, TSTEPS)]) {
+  for (int t = 0; t < AFFINE_N(tsteps, TSTEPS); t++) {
+    for (int j = 0; j < AFFINE_N(ny, NY); j++)
       ey[0][j] = src[t];
-    for (int i = 1; i < NX; i++)
-      for (int j = 0; j < NY; j++)
+    for (int i = 1; i < AFFINE_N(nx, NX); i++)
+      for (int j = 0; j < AFFINE_N(ny, NY); j++)
         ey[i][j] = ey[i][j] - 0.5 * (hz[i][j] - hz[i - 1][j]);
-    for (int i = 0; i < NX; i++)
-      for (int j = 1; j < NY; j++)
+    for (int i = 0; i < AFFINE_N(nx, NX); i++)
+      for (int j = 1; j < AFFINE_N(ny, NY); j++)
         ex[i][j] = ex[i][j] - 0.5 * (hz[i][j] - hz[i][j - 1]);
-    for (int i = 0; i < NX - 1; i++)
-      for (int j = 0; j < NY - 1; j++)
+    for (int i = 0; i < AFFINE_N(nx, NX) - 1; i++)
+      for (int j = 0; j < AFFINE_N(ny, NY) - 1; j++)
         hz[i][j] = hz[i][j] - 0.7 * (ex[i][j + 1] - ex[i][j] + ey[i + 1][j] - ey[i][j]);
   }
 }
@@ -44,8 +46,9 @@ int main(int argc, char **argv) {
       ey[i][j] = affine_value(2, i, j, 0);
       hz[i][j] = affine_value(3, i, j, 0);
     }
+  const int tsteps = affine_size(TSTEPS), nx = affine_size(NX), ny = affine_size(NY);
   double seconds;
-  AFFINE_TIME(seconds, kernel_fdtd_2d(ex, ey, hz, src));
+  AFFINE_TIME(seconds, kernel_fdtd_2d(tsteps, nx, ny, ex, ey, hz, src));
   affine_finish(argc, argv, seconds, (const double *)ex, (size_t)NX * NY, (const double *)ey, (size_t)NX * NY,
                 (const double *)hz, (size_t)NX * NY, (const double *)0);
   return 0;

@@ -11,14 +11,16 @@
 #define NK AFFINE_PICK(56, 1200)
 #endif
 
-AFFINE_NOINLINE void kernel_gemm(double alpha, double beta, double C[restrict NI][NJ],
-                                 const double A[restrict NI][NK], const double B[restrict NK][NJ]) {
-  for (int i = 0; i < NI; i++) {
-    for (int j = 0; j < NJ; j++)
+AFFINE_NOINLINE void kernel_gemm(int ni, int nj, int nk, double alpha, double beta,
+                                 double C[restrict AFFINE_N(ni, NI)][AFFINE_N(nj, NJ)],
+                                 const double A[restrict AFFINE_N(ni, NI)][AFFINE_N(nk, NK)],
+                                 const double B[restrict AFFINE_N(nk, NK)][AFFINE_N(nj, NJ)]) {
+  for (int i = 0; i < AFFINE_N(ni, NI); i++) {
+    for (int j = 0; j < AFFINE_N(nj, NJ); j++)
       C[i][j] *= beta;
     /* row i of A*B as a combination of the rows of B: unit stride in j */
-    for (int k = 0; k < NK; k++)
-      for (int j = 0; j < NJ; j++)
+    for (int k = 0; k < AFFINE_N(nk, NK); k++)
+      for (int j = 0; j < AFFINE_N(nj, NJ); j++)
         C[i][j] += alpha * A[i][k] * B[k][j];
   }
 }
@@ -33,8 +35,9 @@ int main(int argc, char **argv) {
     for (int j = 0; j < NJ; j++) B[k][j] = affine_value(2, k, j, 0);
   for (int i = 0; i < NI; i++)
     for (int j = 0; j < NJ; j++) C[i][j] = affine_value(3, i, j, 0);
+  const int ni = affine_size(NI), nj = affine_size(NJ), nk = affine_size(NK);
   double seconds;
-  AFFINE_TIME(seconds, kernel_gemm(1.5, 1.2, C, A, B));
+  AFFINE_TIME(seconds, kernel_gemm(ni, nj, nk, 1.5, 1.2, C, A, B));
   affine_finish(argc, argv, seconds, (const double *)C, (size_t)NI * NJ, (const double *)0);
   return 0;
 }

@@ -6,20 +6,21 @@
 #define N AFFINE_PICK(40, 4000)
 #endif
 
-AFFINE_NOINLINE void kernel_gemver(double alpha, double beta, double A[restrict N][N], const double u1[restrict N],
-                                   const double v1[restrict N], const double u2[restrict N],
-                                   const double v2[restrict N], double w[restrict N], double x[restrict N],
-                                   const double y[restrict N], const double z[restrict N]) {
-  for (int i = 0; i < N; i++)
-    for (int j = 0; j < N; j++)
+AFFINE_NOINLINE void kernel_gemver(int n, double alpha, double beta, double A[restrict AFFINE_N(n, N)][AFFINE_N(n, N)],
+                                   const double u1[restrict AFFINE_N(n, N)], const double v1[restrict AFFINE_N(n, N)],
+                                   const double u2[restrict AFFINE_N(n, N)], const double v2[restrict AFFINE_N(n, N)],
+                                   double w[restrict AFFINE_N(n, N)], double x[restrict AFFINE_N(n, N)],
+                                   const double y[restrict AFFINE_N(n, N)], const double z[restrict AFFINE_N(n, N)]) {
+  for (int i = 0; i < AFFINE_N(n, N); i++)
+    for (int j = 0; j < AFFINE_N(n, N); j++)
       A[i][j] = A[i][j] + u1[i] * v1[j] + u2[i] * v2[j];
-  for (int i = 0; i < N; i++)
-    for (int j = 0; j < N; j++)
+  for (int i = 0; i < AFFINE_N(n, N); i++)
+    for (int j = 0; j < AFFINE_N(n, N); j++)
       x[i] = x[i] + beta * A[j][i] * y[j];
-  for (int i = 0; i < N; i++)
+  for (int i = 0; i < AFFINE_N(n, N); i++)
     x[i] = x[i] + z[i];
-  for (int i = 0; i < N; i++)
-    for (int j = 0; j < N; j++)
+  for (int i = 0; i < AFFINE_N(n, N); i++)
+    for (int j = 0; j < AFFINE_N(n, N); j++)
       w[i] = w[i] + alpha * A[i][j] * x[j];
 }
 
@@ -38,8 +39,9 @@ int main(int argc, char **argv) {
     z[i] = affine_value(6, i, 0, 0);
     for (int j = 0; j < N; j++) A[i][j] = affine_value(7, i, j, 0);
   }
+  const int n = affine_size(N);
   double seconds;
-  AFFINE_TIME(seconds, kernel_gemver(1.5, 1.2, A, u1, v1, u2, v2, w, x, y, z));
+  AFFINE_TIME(seconds, kernel_gemver(n, 1.5, 1.2, A, u1, v1, u2, v2, w, x, y, z));
   affine_finish(argc, argv, seconds, (const double *)A, (size_t)N * N, (const double *)x, (size_t)N,
                 (const double *)w, (size_t)N, (const double *)0);
   return 0;

@@ -5,13 +5,15 @@
 #define N AFFINE_PICK(40, 4000)
 #endif
 
-AFFINE_NOINLINE void kernel_gesummv(double alpha, double beta, const double A[restrict N][N],
-                                    const double B[restrict N][N], double t[restrict N], const double x[restrict N],
-                                    double y[restrict N]) {
-  for (int i = 0; i < N; i++) {
+AFFINE_NOINLINE void kernel_gesummv(int n, double alpha, double beta,
+                                    const double A[restrict AFFINE_N(n, N)][AFFINE_N(n, N)],
+                                    const double B[restrict AFFINE_N(n, N)][AFFINE_N(n, N)],
+                                    double t[restrict AFFINE_N(n, N)], const double x[restrict AFFINE_N(n, N)],
+                                    double y[restrict AFFINE_N(n, N)]) {
+  for (int i = 0; i < AFFINE_N(n, N); i++) {
     t[i] = 0.0;
     y[i] = 0.0;
-    for (int j = 0; j < N; j++) {
+    for (int j = 0; j < AFFINE_N(n, N); j++) {
       t[i] += A[i][j] * x[j];
       y[i] += B[i][j] * x[j];
     }
@@ -30,8 +32,9 @@ int main(int argc, char **argv) {
       B[i][j] = affine_value(3, i, j, 0);
     }
   }
+  const int n = affine_size(N);
   double seconds;
-  AFFINE_TIME(seconds, kernel_gesummv(1.5, 1.2, A, B, t, x, y));
+  AFFINE_TIME(seconds, kernel_gesummv(n, 1.5, 1.2, A, B, t, x, y));
   affine_finish(argc, argv, seconds, (const double *)t, (size_t)N, (const double *)y, (size_t)N, (const double *)0);
   return 0;
 }

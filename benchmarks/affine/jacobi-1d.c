@@ -9,11 +9,12 @@
 #define N AFFINE_PICK(64, 40000)
 #endif
 
-AFFINE_NOINLINE void kernel_jacobi_1d(double A[restrict N], double B[restrict N]) {
-  for (int t = 0; t < TSTEPS; t++) {
-    for (int i = 1; i < N - 1; i++)
+AFFINE_NOINLINE void kernel_jacobi_1d(int tsteps, int n, double A[restrict AFFINE_N(n, N)],
+                                      double B[restrict AFFINE_N(n, N)]) {
+  for (int t = 0; t < AFFINE_N(tsteps, TSTEPS); t++) {
+    for (int i = 1; i < AFFINE_N(n, N) - 1; i++)
       B[i] = (A[i - 1] + A[i] + A[i + 1]) / 3.0;
-    for (int i = 1; i < N - 1; i++)
+    for (int i = 1; i < AFFINE_N(n, N) - 1; i++)
       A[i] = (B[i - 1] + B[i] + B[i + 1]) / 3.0;
   }
 }
@@ -24,8 +25,9 @@ int main(int argc, char **argv) {
     A[i] = affine_value(1, i, 0, 0);
     B[i] = A[i];
   }
+  const int tsteps = affine_size(TSTEPS), n = affine_size(N);
   double seconds;
-  AFFINE_TIME(seconds, kernel_jacobi_1d(A, B));
+  AFFINE_TIME(seconds, kernel_jacobi_1d(tsteps, n, A, B));
   affine_finish(argc, argv, seconds, (const double *)A, (size_t)N, (const double *)B, (size_t)N, (const double *)0);
   return 0;
 }

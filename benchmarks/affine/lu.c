@@ -9,14 +9,14 @@
 #define N AFFINE_PICK(48, 1200)
 #endif
 
-AFFINE_NOINLINE void kernel_lu(double A[restrict N][N]) {
-  for (int i = 0; i < N; i++) {
+AFFINE_NOINLINE void kernel_lu(int n, double A[restrict AFFINE_N(n, N)][AFFINE_N(n, N)]) {
+  for (int i = 0; i < AFFINE_N(n, N); i++) {
     for (int j = 0; j < i; j++) {
       for (int k = 0; k < j; k++)
         A[i][j] -= A[i][k] * A[k][j];
       A[i][j] /= A[j][j];
     }
-    for (int j = i; j < N; j++)
+    for (int j = i; j < AFFINE_N(n, N); j++)
       for (int k = 0; k < i; k++)
         A[i][j] -= A[i][k] * A[k][j];
   }
@@ -26,8 +26,9 @@ int main(int argc, char **argv) {
   double(*A)[N] = affine_alloc(sizeof(double[N][N]));
   for (int i = 0; i < N; i++)
     for (int j = 0; j < N; j++) A[i][j] = affine_value(1, i, j, 0) + (i == j ? (double)N : 0.0);
+  const int n = affine_size(N);
   double seconds;
-  AFFINE_TIME(seconds, kernel_lu(A));
+  AFFINE_TIME(seconds, kernel_lu(n, A));
   affine_finish(argc, argv, seconds, (const double *)A, (size_t)N * N, (const double *)0);
   return 0;
 }

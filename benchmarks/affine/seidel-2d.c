@@ -9,10 +9,10 @@
 #define N AFFINE_PICK(40, 1500)
 #endif
 
-AFFINE_NOINLINE void kernel_seidel_2d(double A[restrict N][N]) {
-  for (int t = 0; t < TSTEPS; t++)
-    for (int i = 1; i < N - 1; i++)
-      for (int j = 1; j < N - 1; j++)
+AFFINE_NOINLINE void kernel_seidel_2d(int tsteps, int n, double A[restrict AFFINE_N(n, N)][AFFINE_N(n, N)]) {
+  for (int t = 0; t < AFFINE_N(tsteps, TSTEPS); t++)
+    for (int i = 1; i < AFFINE_N(n, N) - 1; i++)
+      for (int j = 1; j < AFFINE_N(n, N) - 1; j++)
         A[i][j] = (A[i - 1][j - 1] + A[i - 1][j] + A[i - 1][j + 1] + A[i][j - 1] + A[i][j] + A[i][j + 1] +
                    A[i + 1][j - 1] + A[i + 1][j] + A[i + 1][j + 1]) / 9.0;
 }
@@ -21,8 +21,9 @@ int main(int argc, char **argv) {
   double(*A)[N] = affine_alloc(sizeof(double[N][N]));
   for (int i = 0; i < N; i++)
     for (int j = 0; j < N; j++) A[i][j] = affine_value(1, i, j, 0);
+  const int tsteps = affine_size(TSTEPS), n = affine_size(N);
   double seconds;
-  AFFINE_TIME(seconds, kernel_seidel_2d(A));
+  AFFINE_TIME(seconds, kernel_seidel_2d(tsteps, n, A));
   affine_finish(argc, argv, seconds, (const double *)A, (size_t)N * N, (const double *)0);
   return 0;
 }

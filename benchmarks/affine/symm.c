@@ -9,16 +9,18 @@
 #define N AFFINE_PICK(44, 1200)
 #endif
 
-AFFINE_NOINLINE void kernel_symm(double alpha, double beta, double C[restrict M][N], const double A[restrict M][M],
-                                 const double B[restrict M][N]) {
-  for (int i = 0; i < M; i++) {
-    for (int j = 0; j < N; j++)
+AFFINE_NOINLINE void kernel_symm(int m, int n, double alpha, double beta,
+                                 double C[restrict AFFINE_N(m, M)][AFFINE_N(n, N)],
+                                 const double A[restrict AFFINE_N(m, M)][AFFINE_N(m, M)],
+                                 const double B[restrict AFFINE_N(m, M)][AFFINE_N(n, N)]) {
+  for (int i = 0; i < AFFINE_N(m, M); i++) {
+    for (int j = 0; j < AFFINE_N(n, N); j++)
       C[i][j] *= beta;
     for (int k = 0; k <= i; k++)
-      for (int j = 0; j < N; j++)
+      for (int j = 0; j < AFFINE_N(n, N); j++)
         C[i][j] += alpha * A[i][k] * B[k][j];
-    for (int k = i + 1; k < M; k++)
-      for (int j = 0; j < N; j++)
+    for (int k = i + 1; k < AFFINE_N(m, M); k++)
+      for (int j = 0; j < AFFINE_N(n, N); j++)
         C[i][j] += alpha * A[k][i] * B[k][j];
   }
 }
@@ -34,8 +36,9 @@ int main(int argc, char **argv) {
       C[i][j] = affine_value(3, i, j, 0);
     }
   }
+  const int m = affine_size(M), n = affine_size(N);
   double seconds;
-  AFFINE_TIME(seconds, kernel_symm(1.5, 1.2, C, A, B));
+  AFFINE_TIME(seconds, kernel_symm(m, n, 1.5, 1.2, C, A, B));
   affine_finish(argc, argv, seconds, (const double *)C, (size_t)M * N, (const double *)0);
   return 0;
 }

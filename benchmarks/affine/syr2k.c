@@ -9,12 +9,14 @@
 #define M AFFINE_PICK(32, 700)
 #endif
 
-AFFINE_NOINLINE void kernel_syr2k(double alpha, double beta, double C[restrict N][N], const double A[restrict N][M],
-                                  const double B[restrict N][M]) {
-  for (int i = 0; i < N; i++) {
+AFFINE_NOINLINE void kernel_syr2k(int n, int m, double alpha, double beta,
+                                  double C[restrict AFFINE_N(n, N)][AFFINE_N(n, N)],
+                                  const double A[restrict AFFINE_N(n, N)][AFFINE_N(m, M)],
+                                  const double B[restrict AFFINE_N(n, N)][AFFINE_N(m, M)]) {
+  for (int i = 0; i < AFFINE_N(n, N); i++) {
     for (int j = 0; j <= i; j++)
       C[i][j] *= beta;
-    for (int k = 0; k < M; k++)
+    for (int k = 0; k < AFFINE_N(m, M); k++)
       for (int j = 0; j <= i; j++)
         C[i][j] += A[j][k] * alpha * B[i][k] + B[j][k] * alpha * A[i][k];
   }
@@ -31,8 +33,9 @@ int main(int argc, char **argv) {
     }
     for (int j = 0; j < N; j++) C[i][j] = affine_value(3, i, j, 0);
   }
+  const int n = affine_size(N), m = affine_size(M);
   double seconds;
-  AFFINE_TIME(seconds, kernel_syr2k(1.5, 1.2, C, A, B));
+  AFFINE_TIME(seconds, kernel_syr2k(n, m, 1.5, 1.2, C, A, B));
   affine_finish(argc, argv, seconds, (const double *)C, (size_t)N * N, (const double *)0);
   return 0;
 }

@@ -6,8 +6,9 @@
 #define N AFFINE_PICK(60, 5000)
 #endif
 
-AFFINE_NOINLINE void kernel_trisolv(const double L[restrict N][N], double x[restrict N], const double b[restrict N]) {
-  for (int i = 0; i < N; i++) {
+AFFINE_NOINLINE void kernel_trisolv(int n, const double L[restrict AFFINE_N(n, N)][AFFINE_N(n, N)],
+                                    double x[restrict AFFINE_N(n, N)], const double b[restrict AFFINE_N(n, N)]) {
+  for (int i = 0; i < AFFINE_N(n, N); i++) {
     x[i] = b[i];
     for (int j = 0; j < i; j++)
       x[i] -= L[i][j] * x[j];
@@ -22,8 +23,9 @@ int main(int argc, char **argv) {
     b[i] = affine_value(1, i, 0, 0);
     for (int j = 0; j <= i; j++) L[i][j] = (affine_value(2, i, j, 0) + (i == j ? 1.0 : 0.0)) / (double)(i + 1);
   }
+  const int n = affine_size(N);
   double seconds;
-  AFFINE_TIME(seconds, kernel_trisolv(L, x, b));
+  AFFINE_TIME(seconds, kernel_trisolv(n, L, x, b));
   affine_finish(argc, argv, seconds, (const double *)x, (size_t)N, (const double *)0);
   return 0;
 }

@@ -80,9 +80,10 @@ def _used_dims(m: isl.Map, n: int) -> set[int]:
     return used
 
 
-def choose(scop: Mapping) -> Choice:
-    """The default policy for one SCoP."""
-    if is_matrix_product(scop):
+def choose(scop: Mapping, allow_polly: bool = True) -> Choice:
+    """The default policy for one SCoP; ``allow_polly=False``: polyml's pipeline even on a matrix
+    product (where Polly's optimizer left the SCoP unchanged)."""
+    if allow_polly and is_matrix_product(scop):
         return Choice(POLLY, "a matrix product: Polly's GEMM pattern optimizer")
     return Choice(DEFAULT, "polyml's pipeline")
 
@@ -114,10 +115,10 @@ def is_streaming(scop: Mapping) -> bool:
     return rank >= 2 and rank == depth and all(inj for r, inj in per if r == rank)
 
 
-def apply_default(scop: Mapping, threads: int = 0) -> tuple[dict, str]:
+def apply_default(scop: Mapping, threads: int = 0, allow_polly: bool = True) -> tuple[dict, str]:
     """The default policy on one SCoP: the new JSCoP and the pipeline that made it.
 
-    A matrix product goes to Polly (:func:`choose`).  Otherwise :data:`DEFAULT` runs, and its
+    A matrix product goes to Polly (:func:`choose`, unless ``allow_polly`` is False).  Otherwise :data:`DEFAULT` runs, and its
     result is kept unless its innermost loops walk memory worse than the source order's
     (:func:`polyml.passes.vectorize.innermost_score`: +rank per stride-1 access, -rank per
     strided one): isl maximises outer parallelism, and on a matrix-vector product it puts the row loop
@@ -126,7 +127,7 @@ def apply_default(scop: Mapping, threads: int = 0) -> tuple[dict, str]:
     from polyml import passes
     from polyml.passes.vectorize import innermost_score
 
-    choice = choose(scop)
+    choice = choose(scop, allow_polly)
     first = STREAM if choice.pipeline == DEFAULT and is_streaming(scop) else choice.pipeline
     text = with_threads(first, threads)
     out = passes.run(passes.parse_pipeline(text), dict(scop))

@@ -6,12 +6,16 @@ Per SCoP the pipeline is the one given, or the default policy's
 A function with a SCoP left to Polly is left to Polly entirely (Polly optimizes functions; a
 function whose code polyml imported is no SCoP of the same shape any more): after the import
 step ``opt -O3 -polly [-polly-parallel]`` runs on those functions only (``-polly-only-func``).
+Polly may leave a SCoP as it is (its scheduler found nothing better, or its assumptions did not
+hold); under the default policy such functions then get polyml's pipeline instead (a second
+run with them in ``not_polly``), so that a hand-off to Polly never ends as plain -O3.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import shlex
 import shutil
 import subprocess
@@ -41,24 +45,30 @@ class Result:
     new: dict[str, dict]
     #: pipeline by SCoP file name (every SCoP a pipeline ran on)
     pipelines: dict[str, str] = field(default_factory=dict)
-    #: functions handed to Polly's own optimizer
+    #: functions handed to Polly's own optimizer (and optimized by it)
     polly: list[str] = field(default_factory=list)
+    #: functions Polly's optimizer left unchanged (polyml's pipeline ran there instead under the
+    #: default policy)
+    dismissed: list[str] = field(default_factory=list)
 
 
 def run(src: Path, out: Path, work: Path, pipeline: str | None, edited: Mapping[str, dict] | None = None,
         threads: int = 0, opt_level: int = 0, keep_jscop: Path | None = None, extra: Sequence[str] = (),
-        keep_unchanged: bool = False, keep_failed: Path | None = None) -> Result:
-    """Apply ``pipeline`` (None: the default policy; "": only ``edited``) to the SCoPs of ``src``."""
+        keep_unchanged: bool = False, keep_failed: Path | None = None,
+        not_polly: frozenset[str] = frozenset()) -> Result:
+    """Apply ``pipeline`` (None: the default policy; "": only ``edited``) to the SCoPs of ``src``;
+    ``not_polly``: functions the default policy must not leave to Polly."""
     edited = edited or {}
     found = detect(src)
     chosen: dict[str, str] = {}
     ready: dict[str, dict] = {}  # the default policy's results, computed while choosing
     for s in found.scops:
         if pipeline is None:
-            if P.choose(s.jscop).pipeline == P.POLLY:
+            allow = s.function not in not_polly
+            if P.choose(s.jscop, allow).pipeline == P.POLLY:
                 chosen[s.file_name] = P.with_threads(P.POLLY, threads)
             else:
-                ready[s.file_name], chosen[s.file_name] = P.apply_default(s.jscop, threads)
+                ready[s.file_name], chosen[s.file_name] = P.apply_default(s.jscop, threads, allow)
         elif pipeline:
             chosen[s.file_name] = P.with_threads(pipeline, threads) if threads else pipeline
     to_polly = sorted({s.function for s in found.scops if _is_polly(chosen.get(s.file_name, ""))})
@@ -78,12 +88,20 @@ def run(src: Path, out: Path, work: Path, pipeline: str | None, edited: Mapping[
     found, new = exchange.transform(src, out, rewrite, work, opt_level=opt_level, keep_jscop=keep_jscop, extra=extra,
                                     keep_unchanged=keep_unchanged, keep_failed=keep_failed, found=found)
     drop_unroll_disable(out)
+    dismissed: list[str] = []
     if to_polly:
         polly_optimize(out, to_polly, parallel=threads != 1 and any(
             _polly_parallel(chosen[s.file_name]) for s in found.scops if s.function in to_polly), threads=threads)
+        dismissed = sorted(set(to_polly) - polly_functions(out.read_text()))
+        if dismissed and pipeline is None and not edited:
+            again = run(src, out, work, pipeline, edited, threads, opt_level, keep_jscop, extra, keep_unchanged,
+                        keep_failed, not_polly | frozenset(dismissed))
+            again.dismissed = sorted(set(again.dismissed) | set(dismissed))
+            return again
+        to_polly = [f for f in to_polly if f not in dismissed]
     pipelines = {k: v for k, v in chosen.items() if not any(s.file_name == k and s.function in to_polly for s in found.scops)}
     pipelines.update({s.file_name: "polly" for s in found.scops if s.function in to_polly})
-    return Result(found, new, pipelines, to_polly)
+    return Result(found, new, pipelines, to_polly, dismissed)
 
 
 #: clang -O1 marks every loop ``llvm.loop.unroll.disable`` (its -O1 does not unroll): kept,
@@ -115,10 +133,29 @@ def _polly_parallel(text: str) -> bool:
                if name == "polly")
 
 
+#: Polly at the start of the -O3 pipeline, on the IR polyml detected its SCoPs in.  At clang's
+#: default position (before the vectorizer) the -O3 passes before it have rewritten the nests:
+#: with sizes as ``int`` arguments Polly then assumes out-of-bounds accesses and dismisses
+#: 2mm's SCoP (``-Rpass-analysis=polly-scops``: "Inbounds assumption: false"), which it
+#: optimizes from the start
+POLLY_POSITION = "-polly-position=early"
+
+
+_DEFINE = re.compile(r"^define [^@]*@\"?([^\"(]+)\"?\(.*?^}$", re.M | re.S)
+_POLLY_BLOCK = re.compile(r"^polly\.[\w.]*:", re.M)
+
+
+def polly_functions(ir: str) -> set[str]:
+    """The functions of the IR text ``ir`` that hold code Polly generated (its blocks are named
+    ``polly.*`` and survive -O3, ``polly.split_new_and_old`` in every one): where Polly's
+    optimizer took a SCoP rather than leaving it to the rest of -O3."""
+    return {m.group(1) for m in _DEFINE.finditer(ir) if _POLLY_BLOCK.search(m.group(0))}
+
+
 def polly_flags(functions: list[str], parallel: bool, threads: int = 0) -> list[str]:
     """``opt`` flags for Polly's own optimizer on ``functions`` (what ``clang -O3 -mllvm -polly``
     runs, restricted to them)."""
-    out = ["-O3", "-polly", f"-polly-only-func={flags._function_regex(functions)}"]
+    out = ["-O3", "-polly", POLLY_POSITION, f"-polly-only-func={flags._function_regex(functions)}"]
     if parallel:
         out += ["-polly-parallel", "-polly-omp-backend=GNU", *([f"-polly-num-threads={threads}"] if threads > 1 else [])]
     return out
