@@ -60,9 +60,9 @@ def _one(form: str, kernel: str, work: Path) -> dict:
             "same_code": A.kernel_code(got.exe, kernel) == A.kernel_code(ref.exe, kernel)}
 
 
-def _selected(session: pytest.Session) -> list[tuple[str, str]]:
+def _selected(collected: pytest.Session) -> list[tuple[str, str]]:
     """The cases of this run's test_kernel_matches_O3 items (after -k and the like)."""
-    items = [i for i in session.items if getattr(i, "originalname", "") == "test_kernel_matches_O3"
+    items = [i for i in collected.items if getattr(i, "originalname", "") == "test_kernel_matches_O3"
              and i.path == Path(__file__)]
     return [c for c in ((i.callspec.params["form"], i.callspec.params["kernel"]) for i in items) if c not in SLOW]
 

@@ -75,9 +75,8 @@ def cmd_opt(args: argparse.Namespace) -> int:
         how = f" ({result.pipelines[s.file_name]})" if text is None and s.file_name in result.pipelines else ""
         if s.function in result.dismissed:
             # the default policy ran its pipeline there instead; an explicit pipeline keeps -O3's code
-            how += (": Polly's optimizer left it unchanged" if text is None
-                    else ", which left it unchanged (-O3's code)")
-            state = state if text is None else "left to Polly's optimizer"
+            how += ", which left it unchanged (-O3's code)" if s.function in result.polly else \
+                ": Polly's optimizer left it unchanged"
         console.print(f"{escape(s.function)} {escape(s.region)}: {len(s.jscop['statements'])} statement(s), {state}"
                       f"{escape(how)}", highlight=False)
     for r in found.rejected:

@@ -7,8 +7,8 @@ A function with a SCoP left to Polly is left to Polly entirely (Polly optimizes 
 function whose code polyml imported is no SCoP of the same shape any more): after the import
 step ``opt -O3 -polly [-polly-parallel]`` runs on those functions only (``-polly-only-func``).
 Polly may leave a SCoP as it is (its scheduler found nothing better, or its assumptions did not
-hold); under the default policy such functions then get polyml's pipeline instead (a second
-run with them in ``not_polly``), so that a hand-off to Polly never ends as plain -O3.
+hold); under the default policy such functions then get polyml's pipeline instead (the step
+runs again with them kept from Polly), so that a hand-off to Polly never ends as plain -O3.
 """
 
 from __future__ import annotations
@@ -45,21 +45,39 @@ class Result:
     new: dict[str, dict]
     #: pipeline by SCoP file name (every SCoP a pipeline ran on)
     pipelines: dict[str, str] = field(default_factory=dict)
-    #: functions handed to Polly's own optimizer (and optimized by it)
+    #: functions handed to Polly's own optimizer
     polly: list[str] = field(default_factory=list)
-    #: functions Polly's optimizer left unchanged (polyml's pipeline ran there instead under the
-    #: default policy)
+    #: functions Polly's optimizer left unchanged (under the default policy polyml's pipeline ran
+    #: there instead, and they are not in ``polly``)
     dismissed: list[str] = field(default_factory=list)
 
 
 def run(src: Path, out: Path, work: Path, pipeline: str | None, edited: Mapping[str, dict] | None = None,
         threads: int = 0, opt_level: int = 0, keep_jscop: Path | None = None, extra: Sequence[str] = (),
-        keep_unchanged: bool = False, keep_failed: Path | None = None,
-        not_polly: frozenset[str] = frozenset()) -> Result:
-    """Apply ``pipeline`` (None: the default policy; "": only ``edited``) to the SCoPs of ``src``;
-    ``not_polly``: functions the default policy must not leave to Polly."""
+        keep_unchanged: bool = False, keep_failed: Path | None = None) -> Result:
+    """Apply ``pipeline`` (None: the default policy; "": only ``edited``) to the SCoPs of ``src``.
+
+    Under the default policy, functions Polly's optimizer left unchanged are taken from Polly and
+    the whole step runs again with polyml's pipeline on them (on the same detection)."""
     edited = edited or {}
     found = detect(src)
+    not_polly: frozenset[str] = frozenset()
+    dismissed: set[str] = set()
+    while True:
+        result = _apply(src, out, work, found, pipeline, edited, not_polly, threads, opt_level=opt_level,
+                        keep_jscop=keep_jscop, extra=extra, keep_unchanged=keep_unchanged, keep_failed=keep_failed)
+        dismissed |= set(result.dismissed)
+        if pipeline is not None or edited or not result.dismissed:
+            result.dismissed = sorted(dismissed)
+            return result
+        not_polly |= frozenset(result.dismissed)  # never handed to Polly again: the loop ends
+
+
+def _apply(src: Path, out: Path, work: Path, found: Detection, pipeline: str | None, edited: Mapping[str, dict],
+           not_polly: frozenset[str], threads: int, **transform) -> Result:
+    """One step of :func:`run`: choose per SCoP, import, then Polly on the functions left to it
+    (``not_polly``: functions the default policy must not leave to Polly; ``transform``:
+    :func:`polyml.scop.exchange.transform`'s options)."""
     chosen: dict[str, str] = {}
     ready: dict[str, dict] = {}  # the default policy's results, computed while choosing
     for s in found.scops:
@@ -85,20 +103,13 @@ def run(src: Path, out: Path, work: Path, pipeline: str | None, edited: Mapping[
             return None
         return run_passes(parsed.get(text, []), start if start is not None else scop.jscop)
 
-    found, new = exchange.transform(src, out, rewrite, work, opt_level=opt_level, keep_jscop=keep_jscop, extra=extra,
-                                    keep_unchanged=keep_unchanged, keep_failed=keep_failed, found=found)
+    found, new = exchange.transform(src, out, rewrite, work, found=found, **transform)
     drop_unroll_disable(out)
     dismissed: list[str] = []
     if to_polly:
         polly_optimize(out, to_polly, parallel=threads != 1 and any(
             _polly_parallel(chosen[s.file_name]) for s in found.scops if s.function in to_polly), threads=threads)
         dismissed = sorted(set(to_polly) - polly_functions(out.read_text()))
-        if dismissed and pipeline is None and not edited:
-            again = run(src, out, work, pipeline, edited, threads, opt_level, keep_jscop, extra, keep_unchanged,
-                        keep_failed, not_polly | frozenset(dismissed))
-            again.dismissed = sorted(set(again.dismissed) | set(dismissed))
-            return again
-        to_polly = [f for f in to_polly if f not in dismissed]
     pipelines = {k: v for k, v in chosen.items() if not any(s.file_name == k and s.function in to_polly for s in found.scops)}
     pipelines.update({s.file_name: "polly" for s in found.scops if s.function in to_polly})
     return Result(found, new, pipelines, to_polly, dismissed)
