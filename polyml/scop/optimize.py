@@ -29,7 +29,7 @@ from pathlib import Path
 from polyml.driver import flags
 from polyml.driver.toolchain import tool
 from polyml.errors import PolymlError, ToolchainError
-from polyml.passes import parse_pipeline
+from polyml.passes import parse_pipeline, split_pipeline
 from polyml.passes import pipeline as P
 from polyml.passes import run as run_passes
 from polyml.scop import exchange, importable
@@ -132,14 +132,10 @@ def drop_unroll_disable(ll: Path) -> bool:
 
 
 def _is_polly(text: str) -> bool:
-    from polyml.passes import split_pipeline
-
     return bool(text) and any(name == "polly" for name, _ in split_pipeline(text))
 
 
 def _polly_parallel(text: str) -> bool:
-    from polyml.passes import split_pipeline
-
     return all(opts.get("parallel", "1").lower() in ("1", "true", "yes") for name, opts in split_pipeline(text)
                if name == "polly")
 
