@@ -146,6 +146,9 @@ class CodegenConfig:
     code-changing settings of :data:`REGISTRY`, as text (``""``: by shape / from the caches)."""
 
     packed: bool = False
+    #: products through schedules of their plain nests (:mod:`polyml.schedule`) rather than
+    #: the hand-written packed GEMM
+    schedule: bool = False
     conv: str = "auto"
     threaded: bool = True
     gemm_blocking: str = ""

@@ -8,7 +8,11 @@ the ratio polyml / OpenBLAS, plus polyml's max relative error against numpy.
 loads (an image that pins Haswell halves OpenBLAS's speed).
 
     python scripts/bench_gemm.py [--sizes 1024,512] [--threads 2] [--repeat 20] [--block 6] [--settle 0.3] \
-        [--json out.json]
+        [--gemm schedule,packed] [--json out.json]
+
+``--gemm``: the product paths to build (``schedule``: the GEMM nest under its BLIS schedule,
+:mod:`polyml.schedule.gemm`; ``packed``: the hand-written packed GEMM), each timed in the same
+alternating blocks as OpenBLAS; the ratio columns are per path.
 """
 
 from __future__ import annotations
@@ -44,26 +48,30 @@ def _blas_threads(n: int) -> str:
 
 
 def bench_size(n: int, threads: int, repeat: int, warmup: int, work: Path, block: int = benchmark.BLOCK,
-               settle_s: float = benchmark.SETTLE_S, **options) -> dict:
-    """Median times of polyml and numpy on an n×n×n float32 MatMul, in alternating blocks."""
+               settle_s: float = benchmark.SETTLE_S, paths: tuple[str, ...] = ("schedule",), **options) -> dict:
+    """Median times of polyml (one build per product path) and numpy on an n×n×n float32
+    MatMul, in alternating blocks."""
     path = work / f"matmul{n}.onnx"
     onnx.save(single_node_model("MatMul", {"a": (n, n), "b": (n, n)}), str(path))
-    t0 = time.perf_counter()
-    compiled = polyml_compile(path, work / f"build{n}", cache=False, threads=threads, **options)
-    compile_s = time.perf_counter() - t0
     rng = np.random.default_rng(0)
     a = rng.standard_normal((n, n), dtype=np.float32)
     b = rng.standard_normal((n, n), dtype=np.float32)
     feeds = {"a": a, "b": b}
-    got = compiled.run(feeds)["y"]
-    err = rel_error(got, a.astype(np.float64) @ b.astype(np.float64))
-    runners = {"polyml": lambda: compiled.run(feeds), "openblas": lambda: np.matmul(a, b)}
+    ref = a.astype(np.float64) @ b.astype(np.float64)
+    row: dict = {"n": n, "block": block, "settle_s": settle_s, "compile_s": {}, "max_rel_err": {}}
+    runners = {}
+    for gemm in paths:
+        t0 = time.perf_counter()
+        compiled = polyml_compile(path, work / f"build{n}.{gemm}", cache=False, threads=threads, gemm=gemm, **options)
+        row["compile_s"][gemm] = round(time.perf_counter() - t0, 2)
+        row["max_rel_err"][gemm] = rel_error(compiled.run(feeds)["y"], ref)
+        runners[f"polyml.{gemm}"] = lambda compiled=compiled: compiled.run(feeds)
+    runners["openblas"] = lambda: np.matmul(a, b)
     times = benchmark.measure(runners, warmup, repeat, block=block, settle_s=settle_s)
     flop = 2.0 * n**3
-    row = {"n": n, "compile_s": round(compile_s, 2), "max_rel_err": err, "block": block, "settle_s": settle_s}
     for name, st in benchmark.summarize(times).items():
         row[name] = {**st, "gflops": flop / (st["median_ms"] / 1e3) / 1e9}
-    row["ratio"] = row["polyml"]["gflops"] / row["openblas"]["gflops"]
+    row["ratio"] = {g: row[f"polyml.{g}"]["gflops"] / row["openblas"]["gflops"] for g in paths}
     return row
 
 
@@ -75,6 +83,7 @@ def main() -> None:
     ap.add_argument("--warmup", type=int, default=3)
     benchmark.add_options(ap)
     ap.add_argument("--no-polly", action="store_true")
+    ap.add_argument("--gemm", default="schedule", help="comma-separated product paths: schedule, packed")
     ap.add_argument("--json", dest="json_file")
     args = ap.parse_args()
     print(_blas_threads(args.threads))
@@ -82,13 +91,17 @@ def main() -> None:
     rows = []
     with tempfile.TemporaryDirectory(prefix="polyml-gemm-") as tmp:
         for n in (int(s) for s in args.sizes.split(",")):
+            paths = tuple(args.gemm.split(","))
             r = bench_size(n, args.threads, args.repeat, args.warmup, Path(tmp), block=args.block, settle_s=args.settle,
-                           polly=not args.no_polly)
+                           paths=paths, polly=not args.no_polly)
             rows.append(r)
-            p, o = r["polyml"], r["openblas"]
-            print(f"{n}³ threads={args.threads}: polyml {p['gflops']:.1f} GFLOP/s ({p['median_ms']:.2f} ms, "
-                  f"{p['min_ms']:.2f}-{p['max_ms']:.2f}), OpenBLAS {o['gflops']:.1f} GFLOP/s ({o['median_ms']:.2f} ms), "
-                  f"ratio {r['ratio']:.2f}, max rel err {r['max_rel_err']:.1e}, compile {r['compile_s']} s", flush=True)
+            o = r["openblas"]
+            print(f"{n}³ threads={args.threads}: OpenBLAS {o['gflops']:.1f} GFLOP/s ({o['median_ms']:.2f} ms)", flush=True)
+            for g in paths:
+                p = r[f"polyml.{g}"]
+                print(f"  polyml {g}: {p['gflops']:.1f} GFLOP/s ({p['median_ms']:.2f} ms, {p['min_ms']:.2f}-"
+                      f"{p['max_ms']:.2f}), ratio {r['ratio'][g]:.2f}, max rel err {r['max_rel_err'][g]:.1e}, "
+                      f"compile {r['compile_s'][g]} s", flush=True)
     if args.json_file:
         Path(args.json_file).write_text(json.dumps(rows, indent=1) + "\n")
 

@@ -260,6 +260,8 @@ class KernelBuilder:
         self._par_count = 0
         #: top-level loop nests emitted so far (reported as the manifest's ``loop_nests``)
         self.nests = 0
+        #: the schedule trees (isl text) of the nests emitted through :mod:`polyml.schedule`
+        self.schedules: list[str] = []
         #: cache budget (bytes) of a conv row tile's source slice, 0: untiled (codegen.tiling)
         self.tile_bytes = 0
         #: this op's position in the entry function (reported by :meth:`checked_index`)

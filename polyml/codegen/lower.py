@@ -59,6 +59,22 @@ class Step:
     #: the roofline's traffic), and the elements of its outputs
     bytes: int = 0
     out_elements: int = 0
+    #: how its loops were made: ``schedule`` (plain nests under polyml schedule trees,
+    #: :mod:`polyml.schedule`), ``hand`` (a hand-scheduled lowering, Polly off) or ``plain``
+    #: (plain nests left to ``opt`` under the Polly policy)
+    path: str = "plain"
+    reason: str = ""
+    #: the schedule trees used (isl's text), for ``path == "schedule"``
+    schedules: tuple[str, ...] = ()
+
+
+def step_path(policy: str, schedules: list[str]) -> tuple[str, str]:
+    """(path, reason) of an op function (:attr:`Step.path`)."""
+    if schedules:
+        return "schedule", f"{len(schedules)} nest(s) under polyml schedule trees, the rest plain"
+    if policy == "off":
+        return "hand", "hand-scheduled lowering, Polly off"
+    return "plain", f"plain nests, opt -O3 with Polly policy '{policy}'"
 
 
 @dataclass
@@ -260,9 +276,11 @@ def lower_graph(graph: Graph, target: HostTarget, chunks: int = 1, parallel: boo
         for s, _, _ in params:
             table.touch(s, len(steps))
         moved = {s: tt.nbytes for s, tt, role in params if not role.startswith("temp")}
+        path, reason = step_path(policy, kb.schedules)
         steps.append(Step(fname, node.label, node.op_type, policy, [s for s, _, _ in params], ptypes,
                           kernel.describe(node, ops, out_types), node_flops(types, node), sum(moved.values()),
-                          sum(tt.size for _, tt, role in params if role.startswith("out"))))
+                          sum(tt.size for _, tt, role in params if role.startswith("out")), path, reason,
+                          tuple(kb.schedules)))
 
     for node in graph.nodes:
         kernel = kernels[node.op_type]

@@ -40,8 +40,10 @@ def _add_build_options(p: argparse.ArgumentParser, outputs_flag: str = "--output
     p.add_argument("--threads", type=int, default=0, help="OpenMP threads (default: all cores)")
     p.add_argument("--tile-sizes", default="auto", metavar="auto|off|l1=48K,l2=2M,conv=1M",
                    help="cache tiling of the conv nests: host cache sizes (auto), off, or explicit sizes")
-    p.add_argument("--gemm", choices=("packed", "polly"), default="packed",
-                   help="matrix products: polyml's packed micro-kernel GEMM (default) or Polly's GEMM pattern")
+    p.add_argument("--gemm", choices=("schedule", "packed", "polly"), default="schedule",
+                   help="matrix products: the GEMM nest under polyml's BLIS schedule with the micro-kernel as its "
+                        "intrinsic where it applies, else the packed GEMM (default); the hand-written packed GEMM "
+                        "everywhere; or Polly's GEMM pattern")
     p.add_argument("--conv", choices=("auto", "gemm", "direct"), default="auto",
                    help="convolutions: packed GEMM or direct nests chosen by shape (auto), or one of them where possible")
     p.add_argument("--input-shape", action="append", default=[], metavar="NAME=1x3x224x224",
@@ -63,7 +65,7 @@ def _compile(args: argparse.Namespace, model: Path, outdir: Path, emit: list[str
     shapes = dict(parse_shape(s) for s in args.input_shape)
     outputs = args.output_names.split(",") if args.output_names else None
     return polyml_compile(model, outdir, input_shapes=shapes, outputs=outputs, emit=emit, polly=args.polly, fuse=args.fuse,
-                          attention=getattr(args, "fuse_attention", True), threads=args.threads, tile_sizes=getattr(args, "tile_sizes", "auto"), gemm=getattr(args, "gemm", "packed"),
+                          attention=getattr(args, "fuse_attention", True), threads=args.threads, tile_sizes=getattr(args, "tile_sizes", "auto"), gemm=getattr(args, "gemm", "schedule"),
                           conv=getattr(args, "conv", "auto"), cache=getattr(args, "cache", None),
                           import_jscop=str(Path(args.import_jscop).resolve()) if getattr(args, "import_jscop", "") else "",
                           passes=getattr(args, "passes", "") or "")

@@ -69,7 +69,7 @@ def build_artifact(
     seconds: dict[str, float] = {"frontend": round(frontend_seconds, 4)}
     target = host_target()
 
-    packed = options.gemm == "packed" and not options.import_jscop
+    packed = options.gemm in ("packed", "schedule") and not options.import_jscop
     parallel = options.parallel and options.threads != 1
     # QDQ sandwiches → integer ops (no-op without Q/DQ), then fusion
     config = options.codegen(packed, parallel)
@@ -230,7 +230,8 @@ def _manifest(graph: Graph, lowered: LoweredModel, options: flags.Options, model
         "gemm_blocking": dataclasses.asdict(blocking_for_host(options.codegen(False, False).gemm_blocking)),
         "functions": [
             {"function": s.function, "node": s.node, "op_type": s.op_type, "policy": s.policy, "detail": s.detail,
-             "flops": s.flops, "bytes": s.bytes, "out_elements": s.out_elements} for s in lowered.steps
+             "flops": s.flops, "bytes": s.bytes, "out_elements": s.out_elements, "path": s.path, "reason": s.reason,
+             **({"schedules": list(s.schedules)} if s.schedules else {})} for s in lowered.steps
         ],
         "seconds": seconds,
         "files": artifact.file_hashes(out),  # every file written (JSCoP included), sorted

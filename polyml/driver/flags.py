@@ -93,10 +93,13 @@ class Options:
     #: cache tiling of the fused nests (:mod:`polyml.codegen.tiling`): ``auto`` (host caches),
     #: ``off``, or ``l1=48K,l2=2M,conv=1M``
     tile_sizes: str = "auto"
-    #: matrix products (MatMul, Gemm): ``packed`` — polyml's packed GEMM with a vector
-    #: micro-kernel (:mod:`polyml.codegen.gemm`); ``polly`` — nests for Polly's GEMM pattern
-    #: (also what the SCoP tools show, so builds with ``import_jscop`` use it)
-    gemm: str = "packed"
+    #: matrix products (MatMul, Gemm): ``schedule`` — 2-D products of computed operands as
+    #: the GEMM nest under its BLIS schedule, the register tiles on the micro-kernel intrinsic
+    #: (:mod:`polyml.schedule.gemm`), the others as ``packed``; ``packed`` — polyml's
+    #: hand-written packed GEMM with a vector micro-kernel (:mod:`polyml.codegen.gemm`);
+    #: ``polly`` — nests for Polly's GEMM pattern (also what the SCoP tools show, so builds
+    #: with ``import_jscop`` use it)
+    gemm: str = "schedule"
     #: convolutions: ``auto`` (packed GEMM or direct nests by shape), ``gemm`` (the packed GEMM
     #: wherever eligible), ``direct`` (the register-blocked nests)
     conv: str = "auto"
@@ -112,8 +115,8 @@ class Options:
             raise PolymlError(f"settings {unknown}: not code-changing settings of polyml.options (`polyml options`)")
         object.__setattr__(self, "settings", tuple(sorted(given.items())))
         object.__setattr__(self, "extra_opt_flags", tuple(self.extra_opt_flags))
-        if self.gemm not in ("packed", "polly"):
-            raise PolymlError(f"gemm={self.gemm!r}: expected 'packed' or 'polly'")
+        if self.gemm not in ("packed", "schedule", "polly"):
+            raise PolymlError(f"gemm={self.gemm!r}: expected 'packed', 'schedule' or 'polly'")
         if self.conv not in ("auto", "gemm", "direct"):
             raise PolymlError(f"conv={self.conv!r}: expected 'auto', 'gemm' or 'direct'")
 
@@ -126,7 +129,8 @@ class Options:
     def codegen(self, packed: bool, threaded: bool) -> CodegenConfig:
         """The kernels' configuration for this build: ``packed`` GEMM products, ``threaded``
         (more than one thread), ``conv`` and the settings."""
-        return CodegenConfig.from_settings(dict(self.settings), packed=packed, conv=self.conv, threaded=threaded)
+        return CodegenConfig.from_settings(dict(self.settings), packed=packed, conv=self.conv, threaded=threaded,
+                                           schedule=self.gemm == "schedule")
 
 
 def opt_flags(policy: str, options: Options) -> list[str]:

@@ -55,6 +55,10 @@ from polyml.errors import ShapeError
 from polyml.graph import Node, TensorType
 from polyml.kernels import Kernel, Operand, broadcast_shapes, register
 from polyml.options import CodegenConfig
+from polyml.schedule import gemm as scheduled_gemm
+from polyml.schedule import tree as schedule_tree
+from polyml.schedule.codegen import Emitter
+from polyml.schedule.intrinsics import FmaTile
 
 
 def view(k: KernelBuilder, buf: Buffer, shape: Sequence[int]) -> Buffer:
@@ -246,6 +250,31 @@ def packed_product(k: KernelBuilder, spec: packed.GemmSpec, operands: Sequence[B
     the plan of ``k.config``)."""
     blk, parts = packed_plan(k.config, spec.m, spec.n, spec.k, spec.prepacked_b)
     packed.emit_gemm(k, spec, operands, c, scratch, blk, parts if k.parallel else 1)
+
+
+def scheduled_scratch(config: CodegenConfig, m: int, n: int, kk: int) -> int:
+    """Floats of packing buffers :func:`scheduled_product` needs, threaded or not."""
+    blk, parts = packed_plan(config, m, n, kk)
+    return max(scheduled_gemm.plan(m, n, kk, blk, p).scratch_floats for p in {1, parts})
+
+
+def scheduled_product(k: KernelBuilder, a: Buffer, b: Buffer, c: Buffer, scratch: Buffer) -> None:
+    """``C = A · B`` (2-D, both computed) as the plain GEMM nest under its BLIS schedule
+    (:mod:`polyml.schedule.gemm`), the register tiles on the FMA intrinsic."""
+    (m, kk), n = a.shape, b.shape[1]
+    blk, parts = packed_plan(k.config, m, n, kk)
+    plan = scheduled_gemm.plan(m, n, kk, blk, parts if k.parallel else 1)
+    program = scheduled_gemm.schedule(plan)
+    attrs = tuple(x for x in k.fn.attributes if x != "noinline")
+    fma = FmaTile(blk, attrs)
+    f32p = ir.FloatType().as_pointer()
+    work = k.b.bitcast(scratch.ptr, f32p)
+    arrays = {"A": k.b.bitcast(a.ptr, f32p), "B": k.b.bitcast(b.ptr, f32p), "C": k.b.bitcast(c.ptr, f32p),
+              "Ap": work, "Bp": work}
+    sizes = {"M": m, "N": n, "K": kk}
+    Emitter(k.module, k.fn, k.b, program, arrays, sizes, {fma.name: fma}, attrs).emit(sizes)
+    k.nests += 1
+    k.schedules.append(schedule_tree.text(program.tree))
 
 
 @dataclass(frozen=True)
@@ -571,15 +600,19 @@ class MatMul(Kernel):
 
     def describe(self, node: Node, ins: list[Operand | None], outs: list[TensorType]) -> str:
         sa, sb = ins[0].type.shape, ins[1].type.shape
-        packed_2d = self._packed_dims(node, sa, sb, ins[1].value is not None)
-        how = "packed" if packed_2d else "packed batched" if self._batched(node, sa, sb) else "nests"
+        b_constant = ins[1].value is not None
+        packed_2d = self._packed_dims(node, sa, sb, b_constant)
+        how = "scheduled" if packed_2d and self.config.schedule and not b_constant else "packed" if packed_2d else "packed batched" if self._batched(node, sa, sb) else "nests"
         return f"{sa} @ {sb} {how}"
 
     def temps(self, node: Node, ins: list[Operand | None], outs: list[TensorType]) -> list[TensorType]:
         sa, sb = ins[0].type.shape, ins[1].type.shape
-        dims = self._packed_dims(node, sa, sb, ins[1].value is not None)
+        b_constant = ins[1].value is not None
+        dims = self._packed_dims(node, sa, sb, b_constant)
+        if dims and self.config.schedule and not b_constant:  # scheduled_product's packing buffers
+            return [TensorType((scheduled_scratch(self.config, *dims),))]
         if dims:
-            return packed_temps(self.config, *dims, b_constant=ins[1].value is not None)
+            return packed_temps(self.config, *dims, b_constant=b_constant)
         batched = self._batched(node, sa, sb)
         return batched_temps(self.config, *batched) if batched else []
 
@@ -613,7 +646,9 @@ class MatMul(Kernel):
                 packed_product(k, spec, [a2, b], y2, k.temps[0])
                 return
             b2 = view(k, b, (kk, n))
-            if k.temps:  # packed_plan said yes (host lowering)
+            if k.temps and k.config.schedule:
+                scheduled_product(k, a2, b2, y2, k.temps[0])
+            elif k.temps:  # packed_plan said yes (host lowering)
                 spec = packed.GemmSpec(rows, n, kk, packed.matrix_loader(0, kk), packed.matrix_loader(1, n), 2)
                 packed_product(k, spec, [a2, b2], y2, k.temps[0])
             elif not parallel_gemm(k, a2, b2, y2):

@@ -1,0 +1,116 @@
+"""polyml.schedule: plain nests, schedule-tree transforms, isl AST code generation, intrinsics.
+
+The GEMM family end to end: its BLIS schedule tree and the loops isl generates from it are
+pinned with FileCheck; MatMuls built through it match onnxruntime at edge shapes (partial
+register tiles, K = 1, one thread share or two); the manifest says which path each function
+took; the legality check rejects a reordering that breaks the reduction's order; a tensorize
+mark naming no intrinsic is a clear error.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+
+from polyml.codegen import gemm as packed
+from polyml.compiler import compile as polyml_compile
+from polyml.schedule import codegen, legality
+from polyml.schedule import gemm as scheduled_gemm
+from polyml.schedule import tree as T
+from polyml.schedule.nest import Array, Program
+from polyml.testing import compile_and_compare, single_node_model
+from tests.conftest import filecheck
+
+#: a fixed blocking, so the goldens do not depend on the host's caches
+BLK = packed.Blocking(12, 32, 16, mc=96, kc=256, nc=512)
+SIZES = {"M": 200, "N": 300, "K": 70}
+
+
+def _program() -> Program:
+    return scheduled_gemm.schedule(scheduled_gemm.plan(200, 300, 70, BLK, 2))
+
+
+def test_gemm_schedule_tree_golden(golden: Path) -> None:
+    filecheck(T.text(_program().tree), golden / "gemm.schedule_tree.check")
+
+
+def test_gemm_loops_golden(golden: Path) -> None:
+    filecheck(codegen.c_text(_program(), SIZES), golden / "gemm.schedule_loops.check")
+
+
+def test_gemm_parametric_loops() -> None:
+    """Without fixed sizes the loops are bounded by the parameters (tiles and remainders from
+    isl's AST generator): one build's schedule serves every M, N, K."""
+    text = codegen.c_text(_program())
+    assert "N" in text and "M" in text and "K" in text
+    assert "// tensorize fma.f32.12x32 S init=Z" in text
+
+
+#: at least polyml.kernels.matmul.PACKED_MIN_MACS multiply-adds (smaller products stay plain nests)
+CASES = [(12, 3000, 1), (13, 33, 80), (12, 32, 96), (50, 32, 70), (200, 300, 70), (64, 1000, 3), (257, 129, 513)]
+
+
+@pytest.mark.parametrize("m,n,k", CASES, ids=[f"{m}x{n}x{k}" for m, n, k in CASES])
+@pytest.mark.parametrize("threads", [1, 2])
+def test_scheduled_matmul_matches_onnxruntime(m: int, n: int, k: int, threads: int, tmp_path: Path) -> None:
+    model = single_node_model("MatMul", {"a": (m, k), "b": (k, n)})
+    rng = np.random.default_rng(m + n + k)
+    feeds = {"a": rng.standard_normal((m, k), dtype=np.float32), "b": rng.standard_normal((k, n), dtype=np.float32)}
+    errs = compile_and_compare(model, feeds, output_dir=tmp_path / "b", threads=threads, gemm="schedule")
+    assert errs and max(errs.values()) <= 1e-5, errs
+    fn = json.loads((tmp_path / "b" / "manifest.json").read_text())["functions"][0]
+    assert fn["path"] == "schedule", fn
+    assert "tensorize fma.f32." in fn["schedules"][0]
+
+
+def test_manifest_paths(tmp_path: Path) -> None:
+    """``--gemm packed`` keeps the hand-written GEMM (path ``hand``); an op left to opt is ``plain``."""
+    path = tmp_path / "m.onnx"
+    onnx.save(single_node_model("MatMul", {"a": (64, 96), "b": (96, 128)}), str(path))
+    polyml_compile(path, tmp_path / "hand", cache=False, gemm="packed")
+    fn = json.loads((tmp_path / "hand" / "manifest.json").read_text())["functions"][0]
+    assert (fn["path"], fn["policy"]) == ("hand", "off") and "schedules" not in fn
+    onnx.save(single_node_model("Transpose", {"x": (33, 65)}, perm=[1, 0]), str(path))
+    polyml_compile(path, tmp_path / "plain", cache=False)
+    fn = json.loads((tmp_path / "plain" / "manifest.json").read_text())["functions"][0]
+    assert fn["path"] in ("plain", "hand") and fn["reason"]
+
+
+def test_legality_rejects_a_reversed_reduction() -> None:
+    """Running S's k loop backwards reorders the accumulation into C[i, j]: illegal; the
+    blocked band of the GEMM schedule keeps every (i, j)'s k order: legal."""
+    program = T.fold_init(Program.of(scheduled_gemm.nest()), "Z")
+    deps = legality.dependences(program.nest)
+    node = scheduled_gemm._band_node(program.tree, "S")
+    i, j, k = T.members(node)
+    reversed_k = T.with_members(node, [i, j, k.neg()])
+    assert not legality.is_legal(reversed_k.get_schedule(), deps)
+    blocked = T.with_members(node, [T.origin(j, 64), T.origin(k, 16), i, T.offset(j, 64), T.offset(k, 16)])
+    assert legality.is_legal(blocked.get_schedule(), deps)
+    assert legality.is_legal(T.permute(node, [1, 0, 2]).get_schedule(), deps)
+
+
+def test_unknown_intrinsic_is_a_clear_error() -> None:
+    import llvmlite.ir as ir
+
+    program = T.fold_init(Program.of(scheduled_gemm.nest()), "Z")
+    node = scheduled_gemm._band_node(program.tree, "S")
+    bad = Program(program.nest, T.mark(node, "tensorize nope.4x4 S init=Z").get_schedule())
+    module = ir.Module("t")
+    fn = ir.Function(module, ir.FunctionType(ir.VoidType(), []), "f")
+    b = ir.IRBuilder(fn.append_basic_block("entry"))
+    f32p = ir.FloatType().as_pointer()
+    arrays = {name: ir.Constant(f32p, None) for name in ("A", "B", "C")}
+    with pytest.raises(codegen.ScheduleCodegenError, match="no intrinsic 'nope.4x4'.*known: fma.f32.12x32"):
+        codegen.Emitter(module, fn, b, bad, arrays, SIZES, {"fma.f32.12x32": object()}).emit(SIZES)
+
+
+def test_pack_refuses_a_written_array() -> None:
+    program = Program.of(scheduled_gemm.nest())
+    node = scheduled_gemm._band_node(program.tree, "S")
+    with pytest.raises(ValueError, match="C is written"):
+        T.pack(program, node, "S", "C", Array("Cp", (10,)), "{ Pack_Cp[a, b, c, d, e] -> Cp[0] }")
