@@ -8,7 +8,7 @@ the ratio polyml / OpenBLAS, plus polyml's max relative error against numpy.
 loads (an image that pins Haswell halves OpenBLAS's speed).
 
     python scripts/bench_gemm.py [--sizes 1024,512] [--threads 2] [--repeat 20] [--block 6] [--settle 0.3] \
-        [--gemm schedule,packed] [--json out.json]
+        [--gemm schedule,packed] [--weights] [--op Gemm] [--json out.json]
 
 ``--gemm``: the product paths to build (``schedule``: the GEMM nest under its BLIS schedule,
 :mod:`polyml.schedule.gemm`; ``packed``: the hand-written packed GEMM), each timed in the same
@@ -47,18 +47,30 @@ def _blas_threads(n: int) -> str:
     return ", ".join(f"{i['internal_api']} {i['version']} {i.get('architecture', '')} threads={i['num_threads']}" for i in info)
 
 
-def bench_size(n: int, threads: int, repeat: int, warmup: int, work: Path, block: int = benchmark.BLOCK,
-               settle_s: float = benchmark.SETTLE_S, paths: tuple[str, ...] = ("schedule",), **options) -> dict:
-    """Median times of polyml (one build per product path) and numpy on an n×n×n float32
-    MatMul, in alternating blocks."""
-    path = work / f"matmul{n}.onnx"
-    onnx.save(single_node_model("MatMul", {"a": (n, n), "b": (n, n)}), str(path))
+def bench_size(n: int | tuple[int, int, int], threads: int, repeat: int, warmup: int, work: Path,
+               block: int = benchmark.BLOCK, settle_s: float = benchmark.SETTLE_S, paths: tuple[str, ...] = ("schedule",),
+               weights: bool = False, op: str = "MatMul", **options) -> dict:
+    """Median times of polyml (one build per product path) and numpy on an ``m × n × k``
+    float32 product (``n``: an int for a cube), in alternating blocks.  ``weights``: B is a
+    constant of the model; ``op`` ``Gemm``: a Gemm with a bias of N (numpy adds it too)."""
+    m, n, kk = (n, n, n) if isinstance(n, int) else n
+    path = work / f"{op}{m}x{n}x{kk}.onnx"
     rng = np.random.default_rng(0)
-    a = rng.standard_normal((n, n), dtype=np.float32)
-    b = rng.standard_normal((n, n), dtype=np.float32)
-    feeds = {"a": a, "b": b}
-    ref = a.astype(np.float64) @ b.astype(np.float64)
-    row: dict = {"n": n, "block": block, "settle_s": settle_s, "compile_s": {}, "max_rel_err": {}}
+    a = rng.standard_normal((m, kk), dtype=np.float32)
+    b = rng.standard_normal((kk, n), dtype=np.float32)
+    bias = rng.standard_normal((n,), dtype=np.float32)
+    extra = {"c": bias} if op == "Gemm" else {}
+    if weights:
+        model = single_node_model(op, {"a": (m, kk)}, initializers={"b": b, **extra})
+        model.graph.node[0].input[:] = ["a", "b", *extra]
+        feeds = {"a": a}
+    else:
+        model = single_node_model(op, {"a": (m, kk), "b": (kk, n), **{k: v.shape for k, v in extra.items()}})
+        feeds = {"a": a, "b": b, **extra}
+    onnx.save(model, str(path))
+    ref = a.astype(np.float64) @ b.astype(np.float64) + (bias if op == "Gemm" else 0.0)
+    row: dict = {"n": n, "m": m, "k": kk, "op": op, "weights": weights, "block": block, "settle_s": settle_s,
+                 "compile_s": {}, "max_rel_err": {}}
     runners = {}
     for gemm in paths:
         t0 = time.perf_counter()
@@ -66,9 +78,9 @@ def bench_size(n: int, threads: int, repeat: int, warmup: int, work: Path, block
         row["compile_s"][gemm] = round(time.perf_counter() - t0, 2)
         row["max_rel_err"][gemm] = rel_error(compiled.run(feeds)["y"], ref)
         runners[f"polyml.{gemm}"] = lambda compiled=compiled: compiled.run(feeds)
-    runners["openblas"] = lambda: np.matmul(a, b)
+    runners["openblas"] = (lambda: np.matmul(a, b) + bias) if op == "Gemm" else (lambda: np.matmul(a, b))
     times = benchmark.measure(runners, warmup, repeat, block=block, settle_s=settle_s)
-    flop = 2.0 * n**3
+    flop = 2.0 * m * n * kk
     for name, st in benchmark.summarize(times).items():
         row[name] = {**st, "gflops": flop / (st["median_ms"] / 1e3) / 1e9}
     row["ratio"] = {g: row[f"polyml.{g}"]["gflops"] / row["openblas"]["gflops"] for g in paths}
@@ -77,7 +89,9 @@ def bench_size(n: int, threads: int, repeat: int, warmup: int, work: Path, block
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--sizes", default="1024", help="comma-separated square sizes")
+    ap.add_argument("--sizes", default="1024", help="comma-separated sizes: N (a cube) or MxNxK")
+    ap.add_argument("--weights", action="store_true", help="B is a constant of the model (weights)")
+    ap.add_argument("--op", default="MatMul", choices=("MatMul", "Gemm"), help="Gemm: with a bias of N")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--repeat", type=int, default=20)
     ap.add_argument("--warmup", type=int, default=3)
@@ -90,13 +104,15 @@ def main() -> None:
     print(benchmark.describe(args.repeat, args.block, args.settle))
     rows = []
     with tempfile.TemporaryDirectory(prefix="polyml-gemm-") as tmp:
-        for n in (int(s) for s in args.sizes.split(",")):
+        for text in args.sizes.split(","):
+            n = tuple(int(x) for x in text.split("x")) if "x" in text else int(text)
             paths = tuple(args.gemm.split(","))
             r = bench_size(n, args.threads, args.repeat, args.warmup, Path(tmp), block=args.block, settle_s=args.settle,
-                           paths=paths, polly=not args.no_polly)
+                           paths=paths, weights=args.weights, op=args.op, polly=not args.no_polly)
             rows.append(r)
             o = r["openblas"]
-            print(f"{n}³ threads={args.threads}: OpenBLAS {o['gflops']:.1f} GFLOP/s ({o['median_ms']:.2f} ms)", flush=True)
+            shape = f"{n}³" if isinstance(n, int) else "x".join(map(str, n))
+            print(f"{args.op} {shape}{' weights' if args.weights else ''} threads={args.threads}: OpenBLAS {o['gflops']:.1f} GFLOP/s ({o['median_ms']:.2f} ms)", flush=True)
             for g in paths:
                 p = r[f"polyml.{g}"]
                 print(f"  polyml {g}: {p['gflops']:.1f} GFLOP/s ({p['median_ms']:.2f} ms, {p['min_ms']:.2f}-"

@@ -12,13 +12,14 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import islpy as isl
 import numpy as np
 import onnx
 import pytest
 
 from polyml.codegen import gemm as packed
 from polyml.compiler import compile as polyml_compile
-from polyml.schedule import codegen, legality
+from polyml.schedule import codegen, layout, legality
 from polyml.schedule import gemm as scheduled_gemm
 from polyml.schedule import tree as T
 from polyml.schedule.nest import Array, Program
@@ -67,6 +68,72 @@ def test_scheduled_matmul_matches_onnxruntime(m: int, n: int, k: int, threads: i
     assert "tensorize fma.f32." in fn["schedules"][0]
 
 
+#: Gemm's forms on the schedule: transposed operands, alpha, beta and broadcast biases (the
+#: finishing statement fused into each register tile), constant B' (packed at compile time,
+#: transposed there for transB)
+GEMM_CASES = [
+    ({"a": (40, 100), "b": (70, 40), "c": (70,)}, {"transA": 1, "transB": 1, "alpha": 0.5, "beta": 2.0}, False),
+    ({"a": (96, 80), "b": (80, 112), "c": (96, 1)}, {}, False),
+    ({"a": (96, 80), "b": (112, 80), "c": (96, 112)}, {"transB": 1}, False),
+    ({"a": (30, 80), "b": (80, 112)}, {"alpha": -1.0}, False),
+    ({"a": (130, 300), "b": (300, 77), "c": (77,)}, {}, True),
+    ({"a": (50, 64), "b": (200, 64), "c": (1,)}, {"transB": 1, "beta": 0.5}, True),
+    ({"a": (64, 50), "b": (64, 96)}, {"transA": 1}, True),
+]
+
+
+@pytest.mark.parametrize("inputs,attrs,constant", GEMM_CASES, ids=[str(i) for i in range(len(GEMM_CASES))])
+@pytest.mark.parametrize("threads", [1, 2])
+def test_scheduled_gemm_matches_onnxruntime(inputs: dict, attrs: dict, constant: bool, threads: int,
+                                            tmp_path: Path) -> None:
+    rng = np.random.default_rng(len(str(inputs)))
+    data = {k: rng.standard_normal(v, dtype=np.float32) for k, v in inputs.items()}
+    if constant:
+        model = single_node_model("Gemm", {k: v for k, v in inputs.items() if k != "b"},
+                                  initializers={"b": data["b"]}, **attrs)
+        model.graph.node[0].input[:] = ["a", "b", *(["c"] if "c" in inputs else [])]
+        feeds = {k: v for k, v in data.items() if k != "b"}
+    else:
+        model, feeds = single_node_model("Gemm", inputs, **attrs), data
+    errs = compile_and_compare(model, feeds, output_dir=tmp_path / "b", threads=threads)
+    assert errs and max(errs.values()) <= 1e-5, errs
+    fn = json.loads((tmp_path / "b" / "manifest.json").read_text())["functions"][0]
+    assert fn["path"] == "schedule", fn
+    if "c" in inputs or attrs.get("alpha", 1.0) != 1.0:  # E fused into the tile loops
+        assert "E[i, j]" in fn["schedules"][0]
+
+
+@pytest.mark.parametrize("m", [12, 128])
+def test_scheduled_matmul_constant_weights(m: int, tmp_path: Path) -> None:
+    """A constant B in the schedule's layout (made by evaluating the layout): no B slot, no B
+    copy statement in the tree; fewer rows than a tile stay on the packed GEMM's short kernels."""
+    rng = np.random.default_rng(m)
+    w = rng.standard_normal((300, 200)).astype(np.float32)
+    model = single_node_model("MatMul", {"a": (m, 300)}, initializers={"b": w})
+    errs = compile_and_compare(model, {"a": rng.standard_normal((m, 300)).astype(np.float32)},
+                               output_dir=tmp_path / "b", threads=2)
+    assert errs and max(errs.values()) <= 1e-5, errs
+    manifest = json.loads((tmp_path / "b" / "manifest.json").read_text())
+    fn = manifest["functions"][0]
+    assert fn["path"] == "schedule" and "Pack_Bp" not in fn["schedules"][0] and "Pack_Ap" in fn["schedules"][0]
+    assert "b" not in [s["name"] for s in manifest["slots"] if s["kind"] == "weight"]
+    few = single_node_model("MatMul", {"a": (4, 300)}, initializers={"b": w})
+    compile_and_compare(few, {"a": rng.standard_normal((4, 300)).astype(np.float32)}, output_dir=tmp_path / "few")
+    assert json.loads((tmp_path / "few" / "manifest.json").read_text())["functions"][0]["path"] == "hand"
+
+
+def test_layout_offsets_match_isl() -> None:
+    """The numpy evaluation of a blocked layout agrees with isl on every element."""
+    text = "{ B[k, j] -> Bc[384*floor(k/4) + 128*floor(j/32) + 32*(k mod 4) + j mod 32] }"
+    got = layout.offsets(text, (10, 70), {})
+    rel = isl.Map(text)
+    for k in range(10):
+        for j in range(70):
+            point = rel.intersect_domain(isl.Set(f"{{ B[{k}, {j}] }}")).range().sample_point()
+            assert point.get_coordinate_val(isl.dim_type.set, 0).to_python() == got[k, j]
+    assert len(set(got.ravel())) == got.size  # one position per element
+
+
 def test_manifest_paths(tmp_path: Path) -> None:
     """``--gemm packed`` keeps the hand-written GEMM (path ``hand``); an op left to opt is ``plain``."""
     path = tmp_path / "m.onnx"
@@ -85,7 +152,7 @@ def test_legality_rejects_a_reversed_reduction() -> None:
     blocked band of the GEMM schedule keeps every (i, j)'s k order: legal."""
     program = T.fold_init(Program.of(scheduled_gemm.nest()), "Z")
     deps = legality.dependences(program.nest)
-    node = scheduled_gemm._band_node(program.tree, "S")
+    node = scheduled_gemm.band_node(program.tree, "S")
     i, j, k = T.members(node)
     reversed_k = T.with_members(node, [i, j, k.neg()])
     assert not legality.is_legal(reversed_k.get_schedule(), deps)
@@ -98,7 +165,7 @@ def test_unknown_intrinsic_is_a_clear_error() -> None:
     import llvmlite.ir as ir
 
     program = T.fold_init(Program.of(scheduled_gemm.nest()), "Z")
-    node = scheduled_gemm._band_node(program.tree, "S")
+    node = scheduled_gemm.band_node(program.tree, "S")
     bad = Program(program.nest, T.mark(node, "tensorize nope.4x4 S init=Z").get_schedule())
     module = ir.Module("t")
     fn = ir.Function(module, ir.FunctionType(ir.VoidType(), []), "f")
@@ -111,6 +178,6 @@ def test_unknown_intrinsic_is_a_clear_error() -> None:
 
 def test_pack_refuses_a_written_array() -> None:
     program = Program.of(scheduled_gemm.nest())
-    node = scheduled_gemm._band_node(program.tree, "S")
+    node = scheduled_gemm.band_node(program.tree, "S")
     with pytest.raises(ValueError, match="C is written"):
         T.pack(program, node, "S", "C", Array("Cp", (10,)), "{ Pack_Cp[a, b, c, d, e] -> Cp[0] }")

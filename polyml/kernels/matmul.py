@@ -252,27 +252,39 @@ def packed_product(k: KernelBuilder, spec: packed.GemmSpec, operands: Sequence[B
     packed.emit_gemm(k, spec, operands, c, scratch, blk, parts if k.parallel else 1)
 
 
-def scheduled_scratch(config: CodegenConfig, m: int, n: int, kk: int) -> int:
+def scheduled_plan(config: CodegenConfig, m: int, n: int, kk: int, b_constant: bool, parallel: bool = True
+                   ) -> scheduled_gemm.Plan | None:
+    """The schedule's sizes for an ``m × n × kk`` product, or None where it stays on the
+    packed GEMM: ``--gemm packed``, or fewer rows than a register tile (a constant B with a
+    row or a few: the packed GEMM's short kernels compute only the rows that exist)."""
+    plan = packed_plan(config, m, n, kk, b_constant)
+    if not config.schedule or plan is None or m < plan[0].mr:
+        return None
+    blk, parts = plan
+    return scheduled_gemm.plan(m, n, kk, blk, parts if parallel else 1, b_constant)
+
+
+def scheduled_scratch(config: CodegenConfig, m: int, n: int, kk: int, b_constant: bool) -> int:
     """Floats of packing buffers :func:`scheduled_product` needs, threaded or not."""
-    blk, parts = packed_plan(config, m, n, kk)
-    return max(scheduled_gemm.plan(m, n, kk, blk, p).scratch_floats for p in {1, parts})
+    return max(scheduled_plan(config, m, n, kk, b_constant, par).scratch_floats for par in (False, True))
 
 
-def scheduled_product(k: KernelBuilder, a: Buffer, b: Buffer, c: Buffer, scratch: Buffer) -> None:
-    """``C = A · B`` (2-D, both computed) as the plain GEMM nest under its BLIS schedule
-    (:mod:`polyml.schedule.gemm`), the register tiles on the FMA intrinsic."""
-    (m, kk), n = a.shape, b.shape[1]
-    blk, parts = packed_plan(k.config, m, n, kk)
-    plan = scheduled_gemm.plan(m, n, kk, blk, parts if k.parallel else 1)
-    program = scheduled_gemm.schedule(plan)
+def scheduled_product(k: KernelBuilder, operands: dict[str, Buffer], m: int, n: int, kk: int,
+                      b_constant: bool = False, **nest_args: object) -> None:
+    """The GEMM nest (:func:`polyml.schedule.gemm.nest` of ``nest_args``) under its BLIS
+    schedule, the register tiles on the FMA intrinsic; ``operands`` binds its arrays (``A``,
+    ``B`` or, for a constant B already in the schedule's layout
+    (:func:`polyml.schedule.gemm.constant_b`), ``Bc``, ``C``, a bias ``Cb``)."""
+    plan = scheduled_plan(k.config, m, n, kk, b_constant, k.parallel)
+    program, ast = scheduled_gemm.built(plan, **nest_args)
     attrs = tuple(x for x in k.fn.attributes if x != "noinline")
-    fma = FmaTile(blk, attrs)
+    fma = FmaTile(plan.blk, attrs)
     f32p = ir.FloatType().as_pointer()
-    work = k.b.bitcast(scratch.ptr, f32p)
-    arrays = {"A": k.b.bitcast(a.ptr, f32p), "B": k.b.bitcast(b.ptr, f32p), "C": k.b.bitcast(c.ptr, f32p),
-              "Ap": work, "Bp": work}
+    work = k.b.bitcast(k.temps[0].ptr, f32p)
+    arrays = {name: k.b.bitcast(buf.ptr, f32p) for name, buf in operands.items()}
+    arrays.update({"Ap": work, **({} if b_constant else {"Bp": work})})
     sizes = {"M": m, "N": n, "K": kk}
-    Emitter(k.module, k.fn, k.b, program, arrays, sizes, {fma.name: fma}, attrs).emit(sizes)
+    Emitter(k.module, k.fn, k.b, program, arrays, sizes, {fma.name: fma}, attrs).emit(sizes, ast)
     k.nests += 1
     k.schedules.append(schedule_tree.text(program.tree))
 
@@ -437,12 +449,24 @@ class Gemm(Kernel):
         (1x1280 @ (1000x1280)ᵀ: 0.20 vs 0.56 ms)."""
         return constant and not node.attrs.get("transB", 0)
 
+    def _scheduled(self, node: Node, ins: list[Operand | None]) -> scheduled_gemm.Plan | None:
+        """The schedule's sizes where the product runs on it (:func:`scheduled_plan`: by the
+        packed GEMM's rule for which products are packed), else None.  A constant B' is packed
+        at compile time (transposed there if ``transB``)."""
+        if self._gemv(node, ins) or self._packed_plan(node, ins) is None:
+            return None
+        m, n, kk = self._dims(node, ins)
+        if scheduled_plan(self.config, m, n, kk, self._b_constant(node, ins[1].value is not None)) is None:
+            return None
+        return scheduled_plan(self.config, m, n, kk, ins[1].value is not None)
+
     def policy(self, node: Node, ins: list[Operand | None]) -> str:
         return "off" if self._packed_plan(node, ins) or self._gemv(node, ins) else self.polly
 
     def describe(self, node: Node, ins: list[Operand | None], outs: list[TensorType]) -> str:
         m, n, kk = self._dims(node, ins)
-        how = "gemv" if self._gemv(node, ins) else "packed" if self._packed_plan(node, ins) else "nests"
+        how = ("gemv" if self._gemv(node, ins) else "scheduled" if self._scheduled(node, ins) else
+               "packed" if self._packed_plan(node, ins) else "nests")
         return f"{m}x{kk} @ {kk}x{n} {how}"
 
     def temps(self, node: Node, ins: list[Operand | None], outs: list[TensorType]) -> list[TensorType]:
@@ -451,6 +475,8 @@ class Gemm(Kernel):
         m, n, kk = self._dims(node, ins)
         if self._gemv(node, ins):
             return []
+        if self._scheduled(node, ins):
+            return [TensorType((scheduled_scratch(self.config, m, n, kk, ins[1].value is not None),))]
         if self._packed_plan(node, ins):
             return packed_temps(self.config, m, n, kk, self._b_constant(node, ins[1].value is not None))
         t = []
@@ -469,11 +495,15 @@ class Gemm(Kernel):
         if ins[1].value is None or not self._packed_plan(node, ins):
             return []
         w = np.asarray(ins[1].value, np.float32)
+        plan = self._scheduled(node, ins)
+        if plan is not None:
+            return [scheduled_gemm.constant_b(plan, w.T if node.attrs.get("transB", 0) else w)]
         return [packed.prepack_b(w.T if node.attrs.get("transB", 0) else w,
                                  packed.blocking_for_host(self.config.gemm_blocking))]
 
     def replaced_inputs(self, node: Node, ins: list[Operand | None]) -> set[int]:
-        return {1} if self.constants(node, ins) else set()
+        """B is replaced where :meth:`constants` re-lays it out (without making the copy)."""
+        return {1} if ins[1].value is not None and (self._gemv(node, ins) or self._packed_plan(node, ins)) else set()
 
     def lower(self, k: KernelBuilder) -> None:
         prefer_wide_vectors(k.fn)
@@ -488,6 +518,13 @@ class Gemm(Kernel):
         ins = [None if t is None else Operand(f"in{i}", t, v) for i, (t, v) in enumerate(zip(k.in_types, k.values))]
         if self._gemv(k.node, ins):
             gemv_rows(k, a, k.constants[0], y)
+        elif self._scheduled(k.node, ins) is not None:
+            constant = k.inputs[1] is None  # B' in the schedule's layout
+            bias = None if c is None else tuple(d > 1 for d in (1,) * (2 - c.rank) + c.shape)
+            operands = {"A": a, ("Bc" if constant else "B"): b, "C": y, **({"Cb": c} if c is not None else {})}
+            scheduled_product(k, operands, m, n, kk, constant, trans_a=bool(k.attr("transA", 0)),
+                              trans_b=bool(k.attr("transB", 0)) and not constant, alpha=alpha, bias=bias, beta=beta)
+            return
         elif packed_plan(self.config, m, n, kk, self._b_constant(k.node, k.values[1] is not None)):
             self._packed(k, a, b, c, y, alpha, beta)
             return
@@ -602,15 +639,16 @@ class MatMul(Kernel):
         sa, sb = ins[0].type.shape, ins[1].type.shape
         b_constant = ins[1].value is not None
         packed_2d = self._packed_dims(node, sa, sb, b_constant)
-        how = "scheduled" if packed_2d and self.config.schedule and not b_constant else "packed" if packed_2d else "packed batched" if self._batched(node, sa, sb) else "nests"
+        scheduled = packed_2d and scheduled_plan(self.config, *packed_2d, b_constant) is not None
+        how = "scheduled" if scheduled else "packed" if packed_2d else "packed batched" if self._batched(node, sa, sb) else "nests"
         return f"{sa} @ {sb} {how}"
 
     def temps(self, node: Node, ins: list[Operand | None], outs: list[TensorType]) -> list[TensorType]:
         sa, sb = ins[0].type.shape, ins[1].type.shape
         b_constant = ins[1].value is not None
         dims = self._packed_dims(node, sa, sb, b_constant)
-        if dims and self.config.schedule and not b_constant:  # scheduled_product's packing buffers
-            return [TensorType((scheduled_scratch(self.config, *dims),))]
+        if dims and scheduled_plan(self.config, *dims, b_constant) is not None:  # scheduled_product's buffers
+            return [TensorType((scheduled_scratch(self.config, *dims, b_constant),))]
         if dims:
             return packed_temps(self.config, *dims, b_constant=b_constant)
         batched = self._batched(node, sa, sb)
@@ -623,11 +661,16 @@ class MatMul(Kernel):
         if ins[1].value is None or dims is None:
             return []
         _, n, kk = dims
-        return [packed.prepack_b(np.asarray(ins[1].value, np.float32).reshape(kk, n),
-                                 packed.blocking_for_host(self.config.gemm_blocking))]
+        weights = np.asarray(ins[1].value, np.float32).reshape(kk, n)
+        plan = scheduled_plan(self.config, *dims, True)
+        if plan is not None:  # in the schedule's layout (the kc blocks do not depend on threads)
+            return [scheduled_gemm.constant_b(plan, weights)]
+        return [packed.prepack_b(weights, packed.blocking_for_host(self.config.gemm_blocking))]
 
     def replaced_inputs(self, node: Node, ins: list[Operand | None]) -> set[int]:
-        return {1} if self.constants(node, ins) else set()
+        sa, sb = ins[0].type.shape, ins[1].type.shape
+        constant = ins[1].value is not None
+        return {1} if constant and self._packed_dims(node, sa, sb, constant) is not None else set()
 
     def lower(self, k: KernelBuilder) -> None:
         prefer_wide_vectors(k.fn)
@@ -640,14 +683,17 @@ class MatMul(Kernel):
             # B is one matrix: A's batch dims stack into M (row-major, same memory) -> one 2-D GEMM
             rows = int(np.prod(batch, dtype=np.int64)) * m
             a2, y2 = view(k, a, (rows, kk)), view(k, y, (rows, n))
+            if prepacked and scheduled_plan(k.config, rows, n, kk, True) is not None:
+                scheduled_product(k, {"A": a2, "Bc": b, "C": y2}, rows, n, kk, True)
+                return
             if prepacked:
                 spec = packed.GemmSpec(rows, n, kk, packed.matrix_loader(0, kk), packed.matrix_loader(1, n), 2,
                                        prepacked_b=True)
                 packed_product(k, spec, [a2, b], y2, k.temps[0])
                 return
             b2 = view(k, b, (kk, n))
-            if k.temps and k.config.schedule:
-                scheduled_product(k, a2, b2, y2, k.temps[0])
+            if k.temps and scheduled_plan(k.config, rows, n, kk, False) is not None:
+                scheduled_product(k, {"A": a2, "B": b2, "C": y2}, rows, n, kk)
             elif k.temps:  # packed_plan said yes (host lowering)
                 spec = packed.GemmSpec(rows, n, kk, packed.matrix_loader(0, kk), packed.matrix_loader(1, n), 2)
                 packed_product(k, spec, [a2, b2], y2, k.temps[0])

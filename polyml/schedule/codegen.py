@@ -247,8 +247,11 @@ class Emitter:
         return self._entry_allocas[key]
 
     # -- nodes ------------------------------------------------------------------------------------
-    def emit(self, params_fixed: Mapping[str, int] | None = None) -> None:
-        ast, self.payloads = ast_of(self.program, params_fixed)
+    def emit(self, params_fixed: Mapping[str, int] | None = None,
+             built: tuple[isl.AstNode, _Payloads] | None = None) -> None:
+        """The program's loops at the builder; ``built``: its AST from :func:`ast_of` with
+        these parameters (ASTs are immutable: one serves every function of the same shape)."""
+        ast, self.payloads = built or ast_of(self.program, params_fixed)
         self.node(ast)
 
     def node(self, n: isl.AstNode, parallel: bool = False, unroll: bool = False) -> None:

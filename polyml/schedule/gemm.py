@@ -16,14 +16,16 @@ come from the host's cache model (:func:`polyml.codegen.gemm.host_blocking`, ``b
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import islpy as isl
 import llvmlite.ir as ir
+import numpy as np
 
 from polyml.codegen import gemm as packed
 from polyml.codegen.builder import F32
-from polyml.schedule import legality
+from polyml.schedule import codegen, layout, legality
 from polyml.schedule import tree as T
 from polyml.schedule.intrinsics import FmaTile
 from polyml.schedule.nest import Access, Array, Nest, Program, Statement
@@ -40,19 +42,45 @@ def _update(b: ir.IRBuilder, ptrs) -> None:  # noqa: ANN001
     b.store(b.fadd(b.load(c), b.fmul(b.load(a), b.load(bb))), c)
 
 
-def nest() -> Nest:
-    """``C (M×N) = A (M×K) · B (K×N)``, row-major, sizes as parameters."""
-    return Nest(
-        "gemm", ("M", "N", "K"),
-        (Array("A", ("M", "K")), Array("B", ("K", "N")), Array("C", ("M", "N"))),
-        (Statement("Z", f"{PARAMS} -> {{ Z[i, j] : 0 <= i < M and 0 <= j < N }}",
-                   (Access("C", f"{PARAMS} -> {{ Z[i, j] -> C[i, j] }}", "write"),), _zero),
-         Statement("S", f"{PARAMS} -> {{ S[i, j, k] : 0 <= i < M and 0 <= j < N and 0 <= k < K }}",
-                   (Access("C", f"{PARAMS} -> {{ S[i, j, k] -> C[i, j] }}", "update"),
-                    Access("A", f"{PARAMS} -> {{ S[i, j, k] -> A[i, k] }}"),
-                    Access("B", f"{PARAMS} -> {{ S[i, j, k] -> B[k, j] }}")), _update)),
-        context=f"{PARAMS} -> {{ : M > 0 and N > 0 and K > 0 }}",
-    )
+def nest(trans_a: bool = False, trans_b: bool = False, alpha: float = 1.0, bias: tuple[bool, bool] | None = None,
+         beta: float = 1.0) -> Nest:
+    """``C (M×N) = A (M×K) · B (K×N)``, row-major, sizes as parameters; ``trans_a``/``trans_b``:
+    the operand is stored transposed (``A[k, i]``, ``B[j, k]``).  With ``alpha != 1`` or a
+    ``bias`` (ONNX Gemm's ``C``, broadcast: whether it has rows and columns), a finishing
+    statement ``E[i, j]: C[i, j] = alpha · C[i, j] + beta · Cb[i?, j?]`` follows the product."""
+    a_idx, a_shape = ("[k, i]", ("K", "M")) if trans_a else ("[i, k]", ("M", "K"))
+    b_idx, b_shape = ("[j, k]", ("N", "K")) if trans_b else ("[k, j]", ("K", "N"))
+    arrays = [Array("A", a_shape), Array("B", b_shape), Array("C", ("M", "N"))]
+    stmts = [
+        Statement("Z", f"{PARAMS} -> {{ Z[i, j] : 0 <= i < M and 0 <= j < N }}",
+                  (Access("C", f"{PARAMS} -> {{ Z[i, j] -> C[i, j] }}", "write"),), _zero),
+        Statement("S", f"{PARAMS} -> {{ S[i, j, k] : 0 <= i < M and 0 <= j < N and 0 <= k < K }}",
+                  (Access("C", f"{PARAMS} -> {{ S[i, j, k] -> C[i, j] }}", "update"),
+                   Access("A", f"{PARAMS} -> {{ S[i, j, k] -> A{a_idx} }}"),
+                   Access("B", f"{PARAMS} -> {{ S[i, j, k] -> B{b_idx} }}")), _update)]
+    if alpha != 1.0 or bias is not None:
+        accesses = [Access("C", f"{PARAMS} -> {{ E[i, j] -> C[i, j] }}", "update")]
+        if bias is not None:
+            rows, cols = bias
+            arrays.append(Array("Cb", ("M" if rows else 1, "N" if cols else 1)))
+            accesses.append(Access("Cb", f"{PARAMS} -> {{ E[i, j] -> Cb[{'i' if rows else 0}, {'j' if cols else 0}] }}"))
+        stmts.append(Statement("E", f"{PARAMS} -> {{ E[i, j] : 0 <= i < M and 0 <= j < N }}", tuple(accesses),
+                               _finish(alpha, beta if bias is not None else None)))
+    return Nest("gemm", ("M", "N", "K"), tuple(arrays), tuple(stmts),
+                context=f"{PARAMS} -> {{ : M > 0 and N > 0 and K > 0 }}")
+
+
+def _finish(alpha: float, beta: float | None):  # noqa: ANN202
+    """E's body: ``c = alpha · c (+ beta · bias)``, as the scalar Gemm computes it."""
+    def body(b: ir.IRBuilder, ptrs) -> None:  # noqa: ANN001
+        v = b.load(ptrs[0])
+        if alpha != 1.0:
+            v = b.fmul(v, ir.Constant(F32, alpha))
+        if beta is not None:
+            cv = b.load(ptrs[1])
+            v = b.fadd(v, cv if beta == 1.0 else b.fmul(cv, ir.Constant(F32, beta)))
+        b.store(v, ptrs[0])
+    return body
 
 
 @dataclass(frozen=True)
@@ -67,32 +95,63 @@ class Plan:
     parts: int
     #: the register tiles row panel by row panel (``ir`` outside ``jr``: :func:`polyml.codegen.gemm.rows_outer`)
     rows_outer: bool = False
+    #: the product's sizes, and whether B is a constant (packed at compile time: :func:`constant_b`)
+    m: int = 0
+    n: int = 0
+    k: int = 0
+    b_constant: bool = False
 
     @property
     def thread_floats(self) -> int:
-        """One thread's packing buffers: ``[A block mc·kc][B block kc·nc]``."""
-        return self.blk.mc * self.kc + self.kc * self.nc
+        """One thread's packing buffers: ``[A block mc·kc][B block kc·nc]`` (no B block when B
+        is a constant)."""
+        return self.blk.mc * self.kc + (0 if self.b_constant else self.kc * self.nc)
+
+    @property
+    def n_pad(self) -> int:
+        return _round_up(self.n, self.blk.nr)
+
+    @property
+    def b_layout(self) -> str:
+        """A constant B's layout: ``kc × nr`` panels, ``kc`` blocks of all ``N`` (padded to
+        whole panels) one after the other."""
+        nr, kc = self.blk.nr, self.kc
+        return (f"{{ B[k, j] -> Bc[{kc * self.n_pad}*floor(k/{kc}) + {nr * kc}*floor(j/{nr}) + {nr}*(k mod {kc})"
+                f" + j mod {nr}] }}")
+
+    @property
+    def b_floats(self) -> int:
+        return -(-self.k // self.kc) * self.kc * self.n_pad
 
     @property
     def scratch_floats(self) -> int:
         return self.parts * self.thread_floats
 
 
-def plan(m: int, n: int, k: int, blk: packed.Blocking, parts: int) -> Plan:
-    spec = packed.GemmSpec(m, n, k, packed.matrix_loader(0, k), packed.matrix_loader(1, n), 2)
+def plan(m: int, n: int, k: int, blk: packed.Blocking, parts: int, b_constant: bool = False) -> Plan:
+    """The sizes for an ``m × n × k`` product on ``parts`` threads: the packed GEMM's cost
+    model (:mod:`polyml.codegen.gemm`), so both paths block alike."""
+    spec = packed.GemmSpec(m, n, k, packed.matrix_loader(0, k), packed.matrix_loader(1, n), 2, prepacked_b=b_constant)
     dim, share = packed.split(spec, blk, parts)
     kc = min(packed.block_kc(spec, blk), k)
     nc = min(packed.block_nc(spec, blk), _round_up(share if dim == "n" else n, blk.nr))
     total = m if dim == "m" else n
     count = -(-total // share)
-    return Plan(blk, kc, nc, dim, share, count, packed.rows_outer(spec, blk))
+    return Plan(blk, kc, nc, dim, share, count, packed.rows_outer(spec, blk), m, n, k, b_constant)
+
+
+def constant_b(p: Plan, b: np.ndarray) -> np.ndarray:
+    """A constant B (``k × n``) in :attr:`Plan.b_layout`, zeros in the padding."""
+    out = np.zeros(p.b_floats, dtype=np.float32)
+    out[layout.offsets(p.b_layout, (p.k, p.n), {})] = b
+    return out
 
 
 def _round_up(x: int, q: int) -> int:
     return -(-x // q) * q
 
 
-def _band_node(tree: isl.Schedule, statement: str) -> isl.ScheduleNode:
+def band_node(tree: isl.Schedule, statement: str) -> isl.ScheduleNode:
     """The band that schedules ``statement`` (below the sequence filter that selects it)."""
     node = tree.get_root().child(0)
     while node.get_type() != isl.schedule_node_type.band:
@@ -112,13 +171,32 @@ def _sets(us: isl.UnionSet) -> list[isl.Set]:
     return out
 
 
+def _union(program: Program, exprs: dict[str, str]) -> isl.UnionPwAff:
+    """One band member over the statements in ``exprs`` (statement name → its expression)."""
+    dims = {"S": "[i, j, k]", "E": "[i, j]"}
+    return isl.UnionPwAff(f"{PARAMS} -> {{ " + "; ".join(f"{s}{dims[s]} -> [({e})]" for s, e in exprs.items()) + " }")
+
+
 def schedule(p: Plan, program: Program | None = None) -> Program:
-    """The BLIS schedule of :func:`nest` for the sizes of ``p`` (see the module docstring)."""
+    """The BLIS schedule of ``program`` (default: :func:`nest`) for the sizes of ``p`` (see
+    the module docstring); a finishing statement E runs on each register tile after the
+    tile's last reduction block (fused into the tile loops)."""
     program = T.fold_init(program or Program.of(nest()), "Z")
+    nest_ = program.nest
+    finish = any(s.name == "E" for s in nest_.statements)
+    trans_a = "A[k, i]" in nest_.statement("S").accesses[1].relation
+    trans_b = "B[j, k]" in nest_.statement("S").accesses[2].relation
+    if p.b_constant:
+        if trans_b:
+            raise ValueError("GEMM schedule: a constant B is packed at compile time untransposed")
+        program = T.pack_constant(program, "S", "B", Array("Bc", (p.b_floats,)), p.b_layout)
     blk = p.blk
     mr, nr, mc, kc, nc, sh = blk.mr, blk.nr, blk.mc, p.kc, p.nc, p.share
-    node = _band_node(program.tree, "S")
-    i, j, k = T.members(node)
+    stmts = ("S", "E") if finish else ("S",)
+    # S's band (i, j, k); E joins it at k = K - 1, the last reduction step
+    i = _union(program, {s: "i" for s in stmts})
+    j = _union(program, {s: "j" for s in stmts})
+    k = _union(program, {"S": "k", **({"E": "K - 1"} if finish else {})})
     by_rows = p.split == "m"
     share, i_s, j_s = (T.origin(i, sh), T.offset(i, sh), j) if by_rows else (T.origin(j, sh), i, T.offset(j, sh))
     i_c, i_m = T.origin(i_s, mc), T.offset(i_s, mc)
@@ -127,10 +205,18 @@ def schedule(p: Plan, program: Program | None = None) -> Program:
     j_r, j_p = T.origin(j_n, nr), T.offset(j_n, nr)
     k_c, k_p = T.origin(k, kc), T.offset(k, kc)
     tiles = [i_r, j_r] if p.rows_outer else [j_r, i_r]
+    node = isl.Schedule.from_domain(program.tree.get_domain()).get_root().child(0)
     node = T.with_members(node, [share, j_c, k_c, i_c, *tiles, i_p, j_p, k_p])
+    node = T.split(node, [1, 2, 1, 2, 3])
+    if finish:  # each tile's product, then its finish
+        filters = isl.UnionSetList.alloc(node.get_ctx(), 2)
+        for name in stmts:
+            filters = filters.add(isl.UnionSet(f"{PARAMS} -> {{ {name}{'[i, j, k]' if name == 'S' else '[i, j]'} }}"))
+        node = node.child(0).child(0).child(0).child(0).insert_sequence(filters)
+        for _ in range(4):
+            node = node.parent()
     if not legality.is_legal(node.get_schedule(), legality.dependences(program.nest)):
         raise ValueError(f"GEMM schedule for {p}: the blocked band violates the nest's dependences")
-    node = T.split(node, [1, 2, 1, 2, 3])
     if p.parts > 1:
         node = T.mark(node, "parallel").child(0)
     # per-thread buffers: thread t's at t · thread_floats, A's block first, then B's
@@ -138,24 +224,44 @@ def schedule(p: Plan, program: Program | None = None) -> Program:
     a_at, b_at = 0, blk.mc * kc
     t_of = f"floor(p0/{sh})*{per}"
     node = node.child(0).child(0)  # the ic band, below (share) and (jc, pc)
-    j_rel = "e1 - p1" if by_rows else "e1 - p0 - p1"
-    b_layout = (f"{PARAMS} -> {{ Pack_Bp[p0, p1, p2, e0, e1] -> Bp[{t_of} + {b_at} + floor(({j_rel})/{nr})*{kc * nr}"
-                f" + (e0 - p2)*{nr} + ({j_rel}) mod {nr}] }}")
-    program, node = T.pack(
-        program, node, "S", "B", Array("Bp", (p.parts * per,)), b_layout,
-        pad=f"{PARAMS} -> {{ B[k, j] -> B[k, j2] : floor(j2/{nr}) = floor(j/{nr}) }}",
-        clamp=(f"{PARAMS} -> {{ Pack_Bp[p0, p1, p2, e0, e1] -> B[e0, e1] : e1 < N; "
-               f"Pack_Bp[p0, p1, p2, e0, e1] -> B[e0, N - 1] : e1 >= N }}"),
-        order=(f"floor(e1/{nr})", "e0", f"e1 mod {nr}"))
+    if not p.b_constant:
+        col, red = ("e0", "e1") if trans_b else ("e1", "e0")
+        j_rel = f"{col} - p1" if by_rows else f"{col} - p0 - p1"
+        b_layout = (f"{PARAMS} -> {{ Pack_Bp[p0, p1, p2, e0, e1] -> Bp[{t_of} + {b_at} + floor(({j_rel})/{nr})*{kc * nr}"
+                    f" + ({red} - p2)*{nr} + ({j_rel}) mod {nr}] }}")
+        clamped = "[e0, N - 1]" if not trans_b else "[N - 1, e1]"
+        program, node = T.pack(
+            program, node, "S", "B", Array("Bp", (p.parts * per,)), b_layout,
+            pad=(f"{PARAMS} -> {{ B[j, k] -> B[j2, k] : floor(j2/{nr}) = floor(j/{nr}) }}" if trans_b else
+                 f"{PARAMS} -> {{ B[k, j] -> B[k, j2] : floor(j2/{nr}) = floor(j/{nr}) }}"),
+            clamp=(f"{PARAMS} -> {{ Pack_Bp[p0, p1, p2, e0, e1] -> B[e0, e1] : {col} < N; "
+                   f"Pack_Bp[p0, p1, p2, e0, e1] -> B{clamped} : {col} >= N }}"),
+            order=(f"floor({col}/{nr})", red, f"{col} mod {nr}"))
     node = node.child(0)  # the register tiles' band, below ic
-    i_rel = "e0 - p0 - p3" if by_rows else "e0 - p3"
+    row, red = ("e1", "e0") if trans_a else ("e0", "e1")
+    i_rel = f"{row} - p0 - p3" if by_rows else f"{row} - p3"
     a_layout = (f"{PARAMS} -> {{ Pack_Ap[p0, p1, p2, p3, e0, e1] -> Ap[{t_of} + {a_at} + floor(({i_rel})/{mr})*{kc * mr}"
-                f" + (e1 - p2)*{mr} + ({i_rel}) mod {mr}] }}")
+                f" + ({red} - p2)*{mr} + ({i_rel}) mod {mr}] }}")
+    clamped = "[e0, M - 1]" if trans_a else "[M - 1, e1]"
     program, node = T.pack(
         program, node, "S", "A", Array("Ap", (p.parts * per,)), a_layout,
-        pad=f"{PARAMS} -> {{ A[i, k] -> A[i2, k] : floor(i2/{mr}) = floor(i/{mr}) }}",
-        clamp=(f"{PARAMS} -> {{ Pack_Ap[p0, p1, p2, p3, e0, e1] -> A[e0, e1] : e0 < M; "
-               f"Pack_Ap[p0, p1, p2, p3, e0, e1] -> A[M - 1, e1] : e0 >= M }}"),
-        order=(f"floor(e0/{mr})", "e1", f"e0 mod {mr}"), unroll=1)
-    node = T.mark(node.child(0), T.tensorize_text(FmaTile(blk).name, "S", init="Z"))
+        pad=(f"{PARAMS} -> {{ A[k, i] -> A[k, i2] : floor(i2/{mr}) = floor(i/{mr}) }}" if trans_a else
+             f"{PARAMS} -> {{ A[i, k] -> A[i2, k] : floor(i2/{mr}) = floor(i/{mr}) }}"),
+        clamp=(f"{PARAMS} -> {{ Pack_Ap[p0, p1, p2, p3, e0, e1] -> A[e0, e1] : {row} < M; "
+               f"Pack_Ap[p0, p1, p2, p3, e0, e1] -> A{clamped} : {row} >= M }}"),
+        order=(f"floor({row}/{mr})", red, f"{row} mod {mr}"), unroll=1)
+    point = node.child(0)
+    if finish:  # the sequence: S's tile (tensorized), then E's
+        point = point.child(0).child(0)
+    node = T.mark(point, T.tensorize_text(FmaTile(blk).name, "S", init="Z"))
     return Program(program.nest, node.get_schedule())
+
+
+@functools.lru_cache(maxsize=64)
+def built(p: Plan, trans_a: bool = False, trans_b: bool = False, alpha: float = 1.0,
+          bias: tuple[bool, bool] | None = None, beta: float = 1.0) -> tuple[Program, object]:
+    """The scheduled program of :func:`nest` with these arguments and its AST at the plan's
+    sizes (:func:`polyml.schedule.codegen.ast_of`), made once per distinct product: a model's
+    layers repeat a few shapes, and isl's work is most of a scheduled product's lowering."""
+    program = schedule(p, Program.of(nest(trans_a, trans_b, alpha, bias, beta)))
+    return program, codegen.ast_of(program, {"M": p.m, "N": p.n, "K": p.k})

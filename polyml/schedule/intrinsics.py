@@ -8,13 +8,15 @@ its operands' addresses (:class:`~polyml.schedule.codegen.TileBox`).
   ``mr × nr`` tile with ``A`` in an ``mr``-high packed panel (element ``(i0 + r, k0 + p)`` at
   ``p·mr + r``), ``B`` in an ``nr``-wide one (``(k0 + p, j0 + c)`` at ``p·nr + c``) and ``C``
   row-major: the vector micro-kernel of :func:`polyml.codegen.gemm.micro_kernel`
-  (``mr · nr / w`` accumulators in registers, one ``llvm.fma`` each per step).  Partial tiles
-  run the whole kernel into a stack tile and add its ``rows × cols`` part into ``C``.
+  (``mr · nr / w`` accumulators in registers, one ``llvm.fma`` each per step).  With the sizes
+  known, the partial row panel's whole-width tiles run a kernel of ``M mod mr`` rows straight
+  into ``C`` and the last column panel's tiles a narrower kernel; other partial tiles run the
+  whole kernel into a stack tile and add its ``rows × cols`` part into ``C``.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import llvmlite.ir as ir
 
@@ -50,20 +52,60 @@ class FmaTile:
             accumulate = ir.Constant(ir.IntType(1), 1)
         mr, nr = self.blk.mr, self.blk.nr
         ukernel = packed.micro_kernel(em.module, self.blk, list(self.attrs))
-        full = b.and_(b.icmp_signed("==", rows, ir.Constant(I64, mr)), b.icmp_signed("==", cols, ir.Constant(I64, nr)))
+        # with the sizes known: the partial row panel's kernel (M mod mr rows, straight into C)
+        # and the narrow kernels of the last column panel (N mod nr columns), as the packed
+        # GEMM has them; any other partial tile runs the whole kernel into the stack tile
+        m_rows, n_cols = (_known(em, extent) for extent in c_shape)
+        short = packed.micro_kernel(em.module, replace(self.blk, mr=m_rows % mr), list(self.attrs), a_pitch=mr) \
+            if m_rows and m_rows % mr else None
+        narrow_cols, narrow = packed.narrow_kernels(em.module, self.blk, list(self.attrs), 0, n_cols % nr) \
+            if n_cols else (0, ())
+
+        def const(v: int) -> ir.Constant:
+            return ir.Constant(I64, v)
+
+        def c_addr(i: ir.Value, j: ir.Value) -> ir.Value:
+            return b.gep(c_ptr, [b.add(b.mul(i, ldc, flags=["nsw"]), j, flags=["nsw"])], inbounds=True)
+
+        def into_tile(kernel: ir.Function) -> None:
+            tile = em.stack_tile("fma.tile", mr * nr)
+            b.call(kernel, [kc, a_ptr, b_ptr, tile, const(nr), ir.Constant(ir.IntType(1), 0)])
+            packed.add_edge_tile(b, tile, nr, c_addr, const(0), const(0), rows, cols, b.not_(accumulate),
+                                 ir.Constant(F32, 0.0), b.fadd)
+
+        def edge() -> None:
+            if not narrow:
+                into_tile(ukernel)
+                return
+            with b.if_else(b.icmp_signed("<=", cols, const(narrow_cols))) as (thin, wide):
+                with thin:
+                    into_tile(narrow[0])
+                with wide:
+                    into_tile(ukernel)
+
+        full = b.and_(b.icmp_signed("==", rows, const(mr)), b.icmp_signed("==", cols, const(nr)))
         with b.if_else(full) as (then, otherwise):
             with then:
                 b.call(ukernel, [kc, a_ptr, b_ptr, c_ptr, ldc, accumulate])
             with otherwise:
-                tile = em.stack_tile("fma.tile", mr * nr)
-                b.call(ukernel, [kc, a_ptr, b_ptr, tile, ir.Constant(I64, nr), ir.Constant(ir.IntType(1), 0)])
+                if short is None:
+                    edge()
+                else:
+                    whole_width = b.and_(b.icmp_signed("==", rows, const(m_rows % mr)),
+                                         b.icmp_signed("==", cols, const(nr)))
+                    with b.if_else(whole_width) as (short_tile, other):
+                        with short_tile:
+                            b.call(short, [kc, a_ptr, b_ptr, c_ptr, ldc, accumulate])
+                        with other:
+                            edge()
 
-                def c_addr(i: ir.Value, j: ir.Value) -> ir.Value:
-                    return b.gep(c_ptr, [b.add(b.mul(i, ldc, flags=["nsw"]), j, flags=["nsw"])], inbounds=True)
 
-                zero = ir.Constant(I64, 0)
-                packed.add_edge_tile(b, tile, nr, c_addr, zero, zero, rows, cols, b.not_(accumulate),
-                                     ir.Constant(F32, 0.0), b.fadd)
+def _known(em, extent: int | str) -> int:  # noqa: ANN001
+    """An array extent's value where the build fixed it (0: a run-time parameter)."""
+    if isinstance(extent, int):
+        return extent
+    v = em.params.get(extent)
+    return int(v.constant) if isinstance(v, ir.Constant) else 0
 
 
 def _roles(stmt) -> dict[str, int]:  # noqa: ANN001

@@ -11,6 +11,8 @@ Each says what it means in polyhedral terms; none checks legality by itself
   copies the elements a statement reads from an array within each iteration of the prefix
   into a buffer of another layout; the statement's access is rewritten to the copy (the
   data-layout transformation of Polly's MatMul optimizer);
+* :func:`pack_constant` — the same for a constant array, at compile time: only the access is
+  rewritten (the buffer is made by evaluating the layout, :mod:`polyml.schedule.layout`);
 * :func:`fold_init` — drop an initialising statement whose work the first reduction step of a
   tensorized update does instead (the intrinsic stores rather than accumulates there);
 * :func:`mark` — a mark node above a subtree: ``parallel`` (OpenMP over the band's first
@@ -39,8 +41,10 @@ def members(node: isl.ScheduleNode) -> list[isl.UnionPwAff]:
 
 
 def with_members(node: isl.ScheduleNode, new: list[isl.UnionPwAff], permutable: bool = True) -> isl.ScheduleNode:
-    """The band at ``node`` replaced by one of ``new`` members (coincidence flags cleared)."""
-    node = node.delete()
+    """The band at ``node`` replaced by one of ``new`` members (coincidence flags cleared); at
+    a leaf, the band inserted there."""
+    if node.get_type() == isl.schedule_node_type.band:
+        node = node.delete()
     if not new:
         return node
     space = new[0].get_space().set_from_params().add_dims(isl.dim_type.set, len(new))
@@ -188,6 +192,21 @@ def pack(program: Program, node: isl.ScheduleNode, statement: str, array: str, b
     ext_node = copy_band.root()
     node = node.graft_before(ext_node)
     return Program(nest, node.get_schedule()), node
+
+
+def pack_constant(program: Program, statement: str, array: str, buffer: Array, layout: str) -> Program:
+    """``statement`` reads the constant ``array`` from ``buffer`` at ``layout`` (a map from the
+    array's index to the buffer's): the same data-layout transformation as :func:`pack`, done
+    once at compile time, so no copy statement runs (the kernel makes the buffer with
+    :func:`polyml.schedule.layout.offsets` of the same layout)."""
+    nest = program.nest
+    if any(a.array == array and a.writes for s in nest.statements for a in s.accesses):
+        raise ValueError(f"pack_constant: {array} is written in nest {nest.name}")
+    stmt = nest.statement(statement)
+    acc = next(a for a in stmt.accesses if a.array == array and a.mode == "read")
+    new = isl.PwMultiAff.from_map(isl.Map(layout)).pullback_pw_multi_aff(isl.PwMultiAff.from_map(acc.map()))
+    accesses = tuple(Access(buffer.name, str(isl.Map.from_pw_multi_aff(new))) if a is acc else a for a in stmt.accesses)
+    return Program(nest.with_statement(replace(stmt, accesses=accesses)).with_array(buffer), program.tree)
 
 
 def _copy_body(b, ptrs) -> None:  # noqa: ANN001
