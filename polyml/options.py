@@ -149,6 +149,8 @@ class CodegenConfig:
     #: products through schedules of their plain nests (:mod:`polyml.schedule`) rather than
     #: the hand-written packed GEMM
     schedule: bool = False
+    #: with ``schedule``: those products as their plain nests, unscheduled (``--no-schedule``)
+    plain_nests: bool = False
     conv: str = "auto"
     threaded: bool = True
     gemm_blocking: str = ""

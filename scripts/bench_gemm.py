@@ -11,8 +11,9 @@ loads (an image that pins Haswell halves OpenBLAS's speed).
         [--gemm schedule,packed] [--weights] [--op Gemm] [--json out.json]
 
 ``--gemm``: the product paths to build (``schedule``: the GEMM nest under its BLIS schedule,
-:mod:`polyml.schedule.gemm`; ``packed``: the hand-written packed GEMM), each timed in the same
-alternating blocks as OpenBLAS; the ratio columns are per path.
+:mod:`polyml.schedule.gemm`; ``packed``: the hand-written packed GEMM; ``plain``: the nest
+unscheduled, ``--no-schedule``), each timed in the same alternating blocks as OpenBLAS; the
+ratio columns are per path.
 """
 
 from __future__ import annotations
@@ -74,7 +75,8 @@ def bench_size(n: int | tuple[int, int, int], threads: int, repeat: int, warmup:
     runners = {}
     for gemm in paths:
         t0 = time.perf_counter()
-        compiled = polyml_compile(path, work / f"build{n}.{gemm}", cache=False, threads=threads, gemm=gemm, **options)
+        choice = {"gemm": "schedule", "schedule": False} if gemm == "plain" else {"gemm": gemm}
+        compiled = polyml_compile(path, work / f"build{n}.{gemm}", cache=False, threads=threads, **choice, **options)
         row["compile_s"][gemm] = round(time.perf_counter() - t0, 2)
         row["max_rel_err"][gemm] = rel_error(compiled.run(feeds)["y"], ref)
         runners[f"polyml.{gemm}"] = lambda compiled=compiled: compiled.run(feeds)
@@ -97,7 +99,7 @@ def main() -> None:
     ap.add_argument("--warmup", type=int, default=3)
     benchmark.add_options(ap)
     ap.add_argument("--no-polly", action="store_true")
-    ap.add_argument("--gemm", default="schedule", help="comma-separated product paths: schedule, packed")
+    ap.add_argument("--gemm", default="schedule", help="comma-separated product paths: schedule, packed, plain")
     ap.add_argument("--json", dest="json_file")
     args = ap.parse_args()
     print(_blas_threads(args.threads))

@@ -122,6 +122,30 @@ def test_scheduled_matmul_constant_weights(m: int, tmp_path: Path) -> None:
     assert json.loads((tmp_path / "few" / "manifest.json").read_text())["functions"][0]["path"] == "hand"
 
 
+@pytest.mark.parametrize("case", ["matmul-weights", "matmul", "gemm-transposed-bias"])
+def test_no_schedule_builds_the_plain_nests(case: str, tmp_path: Path) -> None:
+    """``--no-schedule``: the same products as their plain nests under the initial schedule
+    (path ``plain``, B read as stored, no packing buffers), still as onnxruntime computes."""
+    rng = np.random.default_rng(3)
+    w = rng.standard_normal((300, 200)).astype(np.float32)
+    if case == "matmul-weights":
+        model, feeds = single_node_model("MatMul", {"a": (128, 300)}, initializers={"b": w}), {"a": (128, 300)}
+    elif case == "matmul":
+        model, feeds = single_node_model("MatMul", {"a": (128, 300), "b": (300, 200)}), {"a": (128, 300), "b": (300, 200)}
+    else:
+        model = single_node_model("Gemm", {"a": (300, 128)}, initializers={"b": w.T.copy(), "c": w[0]}, transA=1,
+                                  transB=1, alpha=0.5)
+        feeds = {"a": (300, 128)}
+    feeds = {k: rng.standard_normal(v).astype(np.float32) for k, v in feeds.items()}
+    errs = compile_and_compare(model, feeds, output_dir=tmp_path / "b", schedule=False)
+    assert errs and max(errs.values()) <= 1e-5, errs
+    manifest = json.loads((tmp_path / "b" / "manifest.json").read_text())
+    fn = manifest["functions"][0]
+    assert fn["path"] == "plain" and "--no-schedule" in fn["reason"] and "schedules" not in fn
+    assert manifest["options"]["schedule"] is False
+    assert not [s for s in manifest["slots"] if s["kind"] == "weight" and "#const" in s["name"]]
+
+
 def test_layout_offsets_match_isl() -> None:
     """The numpy evaluation of a blocked layout agrees with isl on every element."""
     text = "{ B[k, j] -> Bc[384*floor(k/4) + 128*floor(j/32) + 32*(k mod 4) + j mod 32] }"

@@ -262,6 +262,9 @@ class KernelBuilder:
         self.nests = 0
         #: the schedule trees (isl text) of the nests emitted through :mod:`polyml.schedule`
         self.schedules: list[str] = []
+        #: the function's path where the kernel states it (``plain``: a plain nest emitted
+        #: unscheduled under ``--no-schedule``); None: from the policy and :attr:`schedules`
+        self.path: str | None = None
         #: cache budget (bytes) of a conv row tile's source slice, 0: untiled (codegen.tiling)
         self.tile_bytes = 0
         #: this op's position in the entry function (reported by :meth:`checked_index`)

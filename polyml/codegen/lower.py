@@ -68,8 +68,10 @@ class Step:
     schedules: tuple[str, ...] = ()
 
 
-def step_path(policy: str, schedules: list[str]) -> tuple[str, str]:
-    """(path, reason) of an op function (:attr:`Step.path`)."""
+def step_path(policy: str, schedules: list[str], stated: str | None = None) -> tuple[str, str]:
+    """(path, reason) of an op function (:attr:`Step.path`); ``stated``: the kernel's own."""
+    if stated == "plain":
+        return "plain", "plain nest under its initial schedule (--no-schedule), opt -O3 without Polly"
     if schedules:
         return "schedule", f"{len(schedules)} nest(s) under polyml schedule trees, the rest plain"
     if policy == "off":
@@ -276,7 +278,7 @@ def lower_graph(graph: Graph, target: HostTarget, chunks: int = 1, parallel: boo
         for s, _, _ in params:
             table.touch(s, len(steps))
         moved = {s: tt.nbytes for s, tt, role in params if not role.startswith("temp")}
-        path, reason = step_path(policy, kb.schedules)
+        path, reason = step_path(policy, kb.schedules, kb.path)
         steps.append(Step(fname, node.label, node.op_type, policy, [s for s, _, _ in params], ptypes,
                           kernel.describe(node, ops, out_types), node_flops(types, node), sum(moved.values()),
                           sum(tt.size for _, tt, role in params if role.startswith("out")), path, reason,

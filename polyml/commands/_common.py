@@ -37,6 +37,9 @@ def _add_build_options(p: argparse.ArgumentParser, outputs_flag: str = "--output
                    help="operator fusion (default on; --no-fuse keeps one nest per op)")
     p.add_argument("--fuse-attention", action=argparse.BooleanOptionalAction, default=True,
                    help="with --fuse: each attention head's MatMul → scale/mask → Softmax → MatMul as one nest (default on)")
+    p.add_argument("--schedule", action=argparse.BooleanOptionalAction, default=True,
+                   help="polyml's schedule trees for the op families on them (default on; --no-schedule emits "
+                        "their plain nests for opt -O3, the baseline the schedules are measured against)")
     p.add_argument("--threads", type=int, default=0, help="OpenMP threads (default: all cores)")
     p.add_argument("--tile-sizes", default="auto", metavar="auto|off|l1=48K,l2=2M,conv=1M",
                    help="cache tiling of the conv nests: host cache sizes (auto), off, or explicit sizes")
@@ -66,6 +69,7 @@ def _compile(args: argparse.Namespace, model: Path, outdir: Path, emit: list[str
     outputs = args.output_names.split(",") if args.output_names else None
     return polyml_compile(model, outdir, input_shapes=shapes, outputs=outputs, emit=emit, polly=args.polly, fuse=args.fuse,
                           attention=getattr(args, "fuse_attention", True), threads=args.threads, tile_sizes=getattr(args, "tile_sizes", "auto"), gemm=getattr(args, "gemm", "schedule"),
+                          schedule=getattr(args, "schedule", True),
                           conv=getattr(args, "conv", "auto"), cache=getattr(args, "cache", None),
                           import_jscop=str(Path(args.import_jscop).resolve()) if getattr(args, "import_jscop", "") else "",
                           passes=getattr(args, "passes", "") or "")

@@ -100,6 +100,10 @@ class Options:
     #: ``polly`` — nests for Polly's GEMM pattern (also what the SCoP tools show, so builds
     #: with ``import_jscop`` use it)
     gemm: str = "schedule"
+    #: False (``--no-schedule``): the op families on polyml's schedules emit their plain nests
+    #: under the initial schedule instead (no tiling, packing, threads or intrinsics), compiled
+    #: by ``opt -O3`` without Polly: the baseline a schedule's speed is measured against
+    schedule: bool = True
     #: convolutions: ``auto`` (packed GEMM or direct nests by shape), ``gemm`` (the packed GEMM
     #: wherever eligible), ``direct`` (the register-blocked nests)
     conv: str = "auto"
@@ -130,7 +134,7 @@ class Options:
         """The kernels' configuration for this build: ``packed`` GEMM products, ``threaded``
         (more than one thread), ``conv`` and the settings."""
         return CodegenConfig.from_settings(dict(self.settings), packed=packed, conv=self.conv, threaded=threaded,
-                                           schedule=self.gemm == "schedule")
+                                           schedule=self.gemm == "schedule", plain_nests=not self.schedule)
 
 
 def opt_flags(policy: str, options: Options) -> list[str]:

@@ -269,6 +269,18 @@ def scheduled_scratch(config: CodegenConfig, m: int, n: int, kk: int, b_constant
     return max(scheduled_plan(config, m, n, kk, b_constant, par).scratch_floats for par in (False, True))
 
 
+def plain_product(k: KernelBuilder, operands: dict[str, Buffer], m: int, n: int, kk: int, **nest_args: object) -> None:
+    """The GEMM nest under its initial schedule (``--no-schedule``): Z, S and E as written,
+    scalar bodies, for ``opt -O3``; ``operands`` binds ``A``, ``B`` (as stored), ``C``, ``Cb``."""
+    program = scheduled_gemm.Program.of(scheduled_gemm.nest(**nest_args))
+    f32p = ir.FloatType().as_pointer()
+    arrays = {name: k.b.bitcast(buf.ptr, f32p) for name, buf in operands.items()}
+    sizes = {"M": m, "N": n, "K": kk}
+    Emitter(k.module, k.fn, k.b, program, arrays, sizes, {}).emit(sizes)
+    k.nests += 1
+    k.path = "plain"
+
+
 def scheduled_product(k: KernelBuilder, operands: dict[str, Buffer], m: int, n: int, kk: int,
                       b_constant: bool = False, **nest_args: object) -> None:
     """The GEMM nest (:func:`polyml.schedule.gemm.nest` of ``nest_args``) under its BLIS
@@ -476,7 +488,8 @@ class Gemm(Kernel):
         if self._gemv(node, ins):
             return []
         if self._scheduled(node, ins):
-            return [TensorType((scheduled_scratch(self.config, m, n, kk, ins[1].value is not None),))]
+            return [] if self.config.plain_nests else [
+                TensorType((scheduled_scratch(self.config, m, n, kk, ins[1].value is not None),))]
         if self._packed_plan(node, ins):
             return packed_temps(self.config, m, n, kk, self._b_constant(node, ins[1].value is not None))
         t = []
@@ -496,6 +509,8 @@ class Gemm(Kernel):
             return []
         w = np.asarray(ins[1].value, np.float32)
         plan = self._scheduled(node, ins)
+        if plan is not None and self.config.plain_nests:  # the plain nest reads B' as it is
+            return []
         if plan is not None:
             return [scheduled_gemm.constant_b(plan, w.T if node.attrs.get("transB", 0) else w)]
         return [packed.prepack_b(w.T if node.attrs.get("transB", 0) else w,
@@ -503,7 +518,9 @@ class Gemm(Kernel):
 
     def replaced_inputs(self, node: Node, ins: list[Operand | None]) -> set[int]:
         """B is replaced where :meth:`constants` re-lays it out (without making the copy)."""
-        return {1} if ins[1].value is not None and (self._gemv(node, ins) or self._packed_plan(node, ins)) else set()
+        if ins[1].value is None or self.config.plain_nests and self._scheduled(node, ins) is not None:
+            return set()
+        return {1} if self._gemv(node, ins) or self._packed_plan(node, ins) else set()
 
     def lower(self, k: KernelBuilder) -> None:
         prefer_wide_vectors(k.fn)
@@ -518,6 +535,12 @@ class Gemm(Kernel):
         ins = [None if t is None else Operand(f"in{i}", t, v) for i, (t, v) in enumerate(zip(k.in_types, k.values))]
         if self._gemv(k.node, ins):
             gemv_rows(k, a, k.constants[0], y)
+        elif self._scheduled(k.node, ins) is not None and k.config.plain_nests:
+            bias = None if c is None else tuple(d > 1 for d in (1,) * (2 - c.rank) + c.shape)
+            plain_product(k, {"A": a, "B": b, "C": y, **({"Cb": c} if c is not None else {})}, m, n, kk,
+                          trans_a=bool(k.attr("transA", 0)), trans_b=bool(k.attr("transB", 0)), alpha=alpha,
+                          bias=bias, beta=beta)
+            return
         elif self._scheduled(k.node, ins) is not None:
             constant = k.inputs[1] is None  # B' in the schedule's layout
             bias = None if c is None else tuple(d > 1 for d in (1,) * (2 - c.rank) + c.shape)
@@ -648,7 +671,7 @@ class MatMul(Kernel):
         b_constant = ins[1].value is not None
         dims = self._packed_dims(node, sa, sb, b_constant)
         if dims and scheduled_plan(self.config, *dims, b_constant) is not None:  # scheduled_product's buffers
-            return [TensorType((scheduled_scratch(self.config, *dims, b_constant),))]
+            return [] if self.config.plain_nests else [TensorType((scheduled_scratch(self.config, *dims, b_constant),))]
         if dims:
             return packed_temps(self.config, *dims, b_constant=b_constant)
         batched = self._batched(node, sa, sb)
@@ -663,6 +686,8 @@ class MatMul(Kernel):
         _, n, kk = dims
         weights = np.asarray(ins[1].value, np.float32).reshape(kk, n)
         plan = scheduled_plan(self.config, *dims, True)
+        if plan is not None and self.config.plain_nests:  # the plain nest reads B as it is
+            return []
         if plan is not None:  # in the schedule's layout (the kc blocks do not depend on threads)
             return [scheduled_gemm.constant_b(plan, weights)]
         return [packed.prepack_b(weights, packed.blocking_for_host(self.config.gemm_blocking))]
@@ -670,7 +695,10 @@ class MatMul(Kernel):
     def replaced_inputs(self, node: Node, ins: list[Operand | None]) -> set[int]:
         sa, sb = ins[0].type.shape, ins[1].type.shape
         constant = ins[1].value is not None
-        return {1} if constant and self._packed_dims(node, sa, sb, constant) is not None else set()
+        dims = self._packed_dims(node, sa, sb, constant) if constant else None
+        if dims is None or (self.config.plain_nests and scheduled_plan(self.config, *dims, True) is not None):
+            return set()
+        return {1}
 
     def lower(self, k: KernelBuilder) -> None:
         prefer_wide_vectors(k.fn)
@@ -683,6 +711,9 @@ class MatMul(Kernel):
             # B is one matrix: A's batch dims stack into M (row-major, same memory) -> one 2-D GEMM
             rows = int(np.prod(batch, dtype=np.int64)) * m
             a2, y2 = view(k, a, (rows, kk)), view(k, y, (rows, n))
+            if k.config.plain_nests and scheduled_plan(k.config, rows, n, kk, k.values[1] is not None) is not None:
+                plain_product(k, {"A": a2, "B": view(k, b, (kk, n)), "C": y2}, rows, n, kk)
+                return
             if prepacked and scheduled_plan(k.config, rows, n, kk, True) is not None:
                 scheduled_product(k, {"A": a2, "Bc": b, "C": y2}, rows, n, kk, True)
                 return
