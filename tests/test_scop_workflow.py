@@ -318,3 +318,19 @@ def test_export_failure_keeps_its_input(tmp_path) -> None:
     kept = tmp_path / "out" / "failed"
     assert (kept / "ops.off.0.ll").read_text() == src.read_text()
     assert (kept / "ops.off.0.command.sh").exists() and (kept / "ops.off.0.stderr.txt").exists()
+
+
+def test_own_jscops_imported_unchanged_give_the_same_library(tmp_path) -> None:
+    """A CNN's build with --emit jscop, rebuilt with --import-jscop of those files unchanged:
+    the same functions exist (the lowering does not change with the import) and nothing is
+    imported, so model.so is byte-identical."""
+    from polyml.testing import light_model_path
+
+    model = light_model_path("squeezenet")
+    assert main(["build", str(model), "-o", str(tmp_path / "a"), "--emit", "jscop", "--no-cache"]) == 0
+    files = sorted((tmp_path / "a" / "jscop").glob("*.jscop"))
+    assert files
+    assert main(["build", str(model), "-o", str(tmp_path / "b"), "--import-jscop", str(tmp_path / "a" / "jscop"),
+                 "--no-cache"]) == 0
+    assert (tmp_path / "a" / "model.so").read_bytes() == (tmp_path / "b" / "model.so").read_bytes()
+    assert not list((tmp_path / "b" / "jscop-imported").glob("*.jscop"))

@@ -69,7 +69,8 @@ def build_artifact(
     seconds: dict[str, float] = {"frontend": round(frontend_seconds, 4)}
     target = host_target()
 
-    packed = options.gemm in ("packed", "schedule") and not options.import_jscop
+    # the same lowering with or without --import-jscop: the files name the functions it makes
+    packed = options.gemm in ("packed", "schedule")
     parallel = options.parallel and options.threads != 1
     # QDQ sandwiches → integer ops (no-op without Q/DQ), then fusion
     config = options.codegen(packed, parallel)

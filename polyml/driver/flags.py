@@ -97,8 +97,7 @@ class Options:
     #: the GEMM nest under its BLIS schedule, the register tiles on the micro-kernel intrinsic
     #: (:mod:`polyml.schedule.gemm`), the others as ``packed``; ``packed`` — polyml's
     #: hand-written packed GEMM with a vector micro-kernel (:mod:`polyml.codegen.gemm`);
-    #: ``polly`` — nests for Polly's GEMM pattern (also what the SCoP tools show, so builds
-    #: with ``import_jscop`` use it)
+    #: ``polly`` — nests for Polly's GEMM pattern (also what the SCoP tools show)
     gemm: str = "schedule"
     #: False (``--no-schedule``): the op families on polyml's schedules emit their plain nests
     #: under the initial schedule instead (no tiling, packing, threads or intrinsics), compiled

@@ -24,6 +24,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import islpy as isl
+
 from polyml.codegen.lower import lower_graph
 from polyml.driver import flags
 from polyml.driver.toolchain import host_target, run_tool, tool
@@ -76,12 +78,15 @@ class Imports:
 
 
 def stage_imports(edited: Mapping[str, dict], sources: Mapping[str, Path], stage: Path,
-                  detected: Mapping[str, Detection] | None = None) -> Imports:
+                  detected: Mapping[str, Detection] | None = None, skip_unchanged: bool = True) -> Imports:
     """Check ``edited`` (``{file name: JSCoP}``) against freshly detected SCoPs of ``sources``
     (``{module name: IR file}``) and write the folder Polly imports from.
 
     Every SCoP of an imported function needs a file (Polly's importer stops otherwise): the
-    ones not edited are staged as exported.  ``detected``: detections (of all functions) of
+    ones not edited are staged as exported.  With ``skip_unchanged``, a file equal to the
+    build's own export (:func:`same_scop`) imports nothing, so a build's JSCoPs imported
+    unchanged give the same code; a function is imported where at least one of its files
+    differs (``polyml opt`` imports every file, an unchanged one too: Polly's own round trip).  ``detected``: detections (of all functions) of
     modules already at hand, by module name.
     """
     stage.mkdir(parents=True, exist_ok=True)
@@ -104,20 +109,51 @@ def stage_imports(edited: Mapping[str, dict], sources: Mapping[str, Path], stage
         by_fn = found.by_function()
         for fn in fns:
             originals = {s.region: s for s in by_fn.get(fn, [])}
-            for region, data in wanted[fn].items():
+            for region, data in list(wanted[fn].items()):
                 name = J.file_name(fn, region)
                 orig = originals.get(region)
                 if orig is None:
                     have = ", ".join(sorted(originals)) or "none"
                     raise J.JscopError(f"{name}: {fn} has no SCoP {region!r} (its SCoPs: {have}); re-export with --emit jscop")
+                if skip_unchanged and same_scop(orig.jscop, data):  # as the build exports it: nothing to import
+                    del wanted[fn][region]
+                    continue
                 legality.check(orig.jscop, data, name, access_kinds=orig.access_kinds)
                 wanted[fn][region] = importable.prepare(data, name)
+            if not wanted[fn]:  # every file as exported: the function keeps its own code
+                continue
             for region, orig in originals.items():
                 data = wanted[fn].get(region, orig.jscop)
                 J.dump(J.padded(J.for_polly(data)), stage / orig.file_name)
                 if region in wanted[fn]:
                     imports.files[orig.file_name] = J.digest(data)
+    for module in list(imports.functions):
+        imports.functions[module] = [fn for fn in imports.functions[module] if wanted[fn]]
+        if not imports.functions[module]:
+            del imports.functions[module]
     return imports
+
+
+def same_scop(original: Mapping, edited: Mapping) -> bool:
+    """Whether ``edited`` has ``original``'s statements with the same domains, schedules and
+    accesses (as isl sets and maps, so a re-printed relation is the same): a build's own
+    export, imported unchanged."""
+    a, b = original.get("statements", []), edited.get("statements", [])
+    if [s.get("name") for s in a] != [s.get("name") for s in b]:
+        return False
+    try:
+        for s, t in zip(a, b):
+            if not isl.Set(s["domain"]).is_equal(isl.Set(t["domain"])) or \
+                    not isl.Map(s["schedule"]).is_equal(isl.Map(t["schedule"])):
+                return False
+            acc_a, acc_b = s.get("accesses", []), t.get("accesses", [])
+            if len(acc_a) != len(acc_b) or any(
+                    x.get("kind") != y.get("kind") or not isl.Map(x["relation"]).is_equal(isl.Map(y["relation"]))
+                    for x, y in zip(acc_a, acc_b)):
+                return False
+    except (isl.Error, KeyError, TypeError):
+        return False  # malformed: the legality check reports it
+    return True
 
 
 def load_dir(folder: str | Path) -> dict[str, dict]:
@@ -175,15 +211,17 @@ def transform(src: Path, dst: Path, rewrite: Callable[[Scop], dict | None], work
     local = work / src.name
     if local.resolve() != src.resolve():
         shutil.copy(src, local)
-    if not new:
+    imports = stage_imports(new, {"input": local}, work / "stage", {"input": found}, skip_unchanged=False) \
+        if new else None
+    functions = imports.functions.get("input", []) if imports is not None else []
+    if not functions:  # nothing rewritten, or every rewrite the schedule it had
         if opt_level:
             run_opt(local, dst, [f"-O{opt_level}"], keep_failed)
         else:
             shutil.copy(src, dst)
         return found, new
-    imports = stage_imports(new, {"input": local}, work / "stage", {"input": found})
     extra = [*extra, *parallel_flags(new.values())]
-    apply_imports(local, dst, imports.stage, imports.functions["input"], opt_level, extra, keep_failed)
+    apply_imports(local, dst, imports.stage, functions, opt_level, extra, keep_failed)
     return found, new
 
 
