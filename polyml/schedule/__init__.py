@@ -3,7 +3,8 @@
 An op's kernel describes *what* it computes as a :class:`~polyml.schedule.nest.Nest`: statements
 with isl iteration domains (sizes may stay isl parameters), access relations and a scalar body.
 *How* it runs is an isl schedule tree built by the transforms of :mod:`polyml.schedule.tree`
-(strip-mine, permute, split into bands, pack operands into blocked copies, mark a band
+(strip-mine, permute, split into bands, pack operands into blocked copies — constants at
+compile time, by evaluating the layout (:mod:`polyml.schedule.layout`) —, mark a band
 parallel, tensorize a register tile onto a named intrinsic), each a pure function of a
 :class:`~polyml.schedule.nest.Program` (nest + tree); :mod:`polyml.schedule.legality` checks a
 tree against the nest's dependences; :mod:`polyml.schedule.codegen` turns the tree into loops

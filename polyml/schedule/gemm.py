@@ -1,17 +1,20 @@
-"""The GEMM family: ``C = A · B`` as a plain nest, and the schedule that makes it fast.
+"""The GEMM family: ``C = A · B`` (MatMul, Gemm) as a plain nest, and the schedule that makes it fast.
 
 The nest (:func:`nest`) is what ONNX means: ``Z[i, j]: C[i, j] = 0`` then
-``S[i, j, k]: C[i, j] += A[i, k] · B[k, j]`` over ``M × N × K`` (isl parameters).
+``S[i, j, k]: C[i, j] += A[i, k] · B[k, j]`` over ``M × N × K`` (isl parameters; a transposed
+operand is the access ``A[k, i]`` / ``B[j, k]``), and for Gemm's ``alpha`` and ``beta · C``
+``E[i, j]: C[i, j] = alpha · C[i, j] + beta · Cb[i?, j?]``.
 
 The schedule (:func:`schedule`) is BLIS's loop nest, written as transforms of that nest in the
-way Polly's MatMul optimizer builds it: S's band ``(i, j, k)`` is strip-mined into thread
-shares, cache blocks ``mc × nc × kc`` and register tiles ``mr × nr`` and permuted to
-``(share, jc, pc, ic, jr, ir | i, j, k)``; B's ``kc × nc`` block is packed into ``nr``-wide
-panels before the ``ic`` loop and A's ``mc × kc`` block into ``mr``-high panels before the
-register tiles (per-thread buffers); the share loop is marked ``parallel``; the register tile
-is tensorized onto ``fma.f32.<mr>x<nr>`` with Z folded into its first reduction step.  Sizes
-come from the host's cache model (:func:`polyml.codegen.gemm.host_blocking`, ``block_kc``,
-``block_nc``, ``split``).
+way Polly's MatMul optimizer builds it: the band ``(i, j, k)`` of S and E (E at ``k = K - 1``)
+is strip-mined into thread shares, cache blocks ``mc × nc × kc`` and register tiles
+``mr × nr`` and permuted to ``(share, jc, pc, ic, jr, ir | i, j, k)``, each tile's S before its
+E; B's ``kc × nc`` block is packed into ``nr``-wide panels before the ``ic`` loop (a constant B
+once, at compile time: :func:`constant_b`) and A's ``mc × kc`` block into ``mr``-high panels
+before the register tiles (per-thread buffers); the share loop is marked ``parallel``; S's
+register tile is tensorized onto ``fma.f32.<mr>x<nr>`` with Z folded into its first reduction
+step.  Sizes come from the host's cache model (:func:`polyml.codegen.gemm.host_blocking`,
+``block_kc``, ``block_nc``, ``split``), so this path and the hand-written packed GEMM block alike.
 """
 
 from __future__ import annotations
