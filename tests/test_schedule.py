@@ -205,3 +205,18 @@ def test_pack_refuses_a_written_array() -> None:
     node = scheduled_gemm.band_node(program.tree, "S")
     with pytest.raises(ValueError, match="C is written"):
         T.pack(program, node, "S", "C", Array("Cp", (10,)), "{ Pack_Cp[a, b, c, d, e] -> Cp[0] }")
+
+
+def test_scops_shows_the_schedules(tmp_path, capsys) -> None:
+    """``polyml scops --schedules``: each scheduled function's tree and the loops isl makes of it."""
+    from polyml.cli import main
+
+    path = tmp_path / "m.onnx"
+    onnx.save(single_node_model("MatMul", {"a": (200, 70), "b": (70, 300)}), str(path))
+    assert main(["scops", str(path), "--schedules", "--json"]) == 0
+    (entry,) = json.loads(capsys.readouterr().out)["schedules"]
+    assert entry["op_type"] == "MatMul" and 'mark: "tensorize fma.f32.' in entry["tree"]
+    assert "Pack_Bp(" in entry["loops"] and "// tensorize fma.f32." in entry["loops"]
+    assert main(["scops", str(path), "--schedules"]) == 0
+    text = capsys.readouterr().out
+    assert "op0_matmul0" in text and "// tensorize fma.f32." in text

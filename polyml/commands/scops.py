@@ -23,6 +23,9 @@ def _arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--after", metavar="PASSES", default="",
                    help="show the schedules after these passes (e.g. 'tile{sizes=32,32}'), legality-checked")
     p.add_argument("--function", metavar="REGEX", default="", help="only functions whose name matches REGEX")
+    p.add_argument("--schedules", action="store_true",
+                   help="the schedule trees of the functions a build lowers through polyml's own schedules (path "
+                        "'schedule' in the manifest), each with the loops isl generates from it, instead of Polly's SCoPs")
     p.add_argument("--write-jscop", metavar="DIR", default="",
                    help="write the JSCoP of every SCoP shown (after --after) into DIR, ready for build --import-jscop")
     p.add_argument("--fuse", action=argparse.BooleanOptionalAction, default=True, help="lower with operator fusion, as build does")
@@ -61,6 +64,8 @@ def cmd_scops(args: argparse.Namespace) -> int:
     from polyml.scop.detect import detect
     from polyml.scop.exchange import model_sources
 
+    if args.schedules:
+        return _show_schedules(args)
     pipeline = passes.parse_pipeline(args.after) if args.after else []
     spec = None
     if args.plot:
@@ -107,4 +112,47 @@ def cmd_scops(args: argparse.Namespace) -> int:
     else:
         title = f"{args.model}" + (f" after {args.after}" if args.after else "")
         printer.print_text(report, out, title)
+    return 0
+
+
+def _show_schedules(args: argparse.Namespace) -> int:
+    """``--schedules``: lower the model as ``polyml build`` does and show, per function on the
+    schedule path, its tree (isl's block YAML) and the loops isl's AST generator makes of it."""
+    import islpy as isl
+
+    from polyml.codegen.lower import lower_graph
+    from polyml.driver.flags import Options
+    from polyml.driver.toolchain import host_target
+    from polyml.errors import PolymlError
+    from polyml.passes.fuse import FuseOperators
+    from polyml.pipeline import prepare
+
+    if Path(args.model).suffix == ".ll" or args.after or args.write_jscop or args.plot:
+        raise PolymlError("polyml scops --schedules: give a model file (no .ll, --after, --write-jscop or --plot)")
+    shapes = dict(parse_shape(s) for s in args.input_shape)
+    outputs = args.output_names.split(",") if args.output_names else None
+    parallel = args.threads != 1
+    config = Options(fuse=args.fuse, threads=args.threads).codegen(True, parallel)
+    graph = prepare(Path(args.model), input_shapes=shapes, outputs=outputs,
+                    fusion=FuseOperators(config=config) if args.fuse else None).graph
+    lowered = lower_graph(graph, host_target(), parallel=parallel, config=config)
+    keep = re.compile(args.function) if args.function else None
+    entries = []
+    for step in lowered.steps:
+        if not step.schedules or (keep is not None and not keep.search(step.function)):
+            continue
+        for text in step.schedules:
+            tree = isl.Schedule(text)
+            loops = isl.AstBuild.from_context(isl.Set.universe(tree.get_domain().get_space().params())) \
+                .node_from_schedule(tree).to_C_str()
+            entries.append({"function": step.function, "node": step.node, "op_type": step.op_type,
+                            "detail": step.detail, "tree": text, "loops": loops})
+    if args.json:
+        sys.stdout.write(json.dumps({"schedules": entries}, indent=1) + "\n")
+        return 0
+    for e in entries:
+        out.print(f"[bold]{e['function']}[/bold] ({e['op_type']} {e['node']}: {e['detail']})")
+        sys.stdout.write(e["tree"].rstrip() + "\n\n" + e["loops"].rstrip() + "\n\n")  # unwrapped: isl's text
+    if not entries:
+        out.print("no function of this model is on polyml's schedules (see the manifest's functions[].path)")
     return 0
