@@ -220,3 +220,45 @@ def test_scops_shows_the_schedules(tmp_path, capsys) -> None:
     assert main(["scops", str(path), "--schedules"]) == 0
     text = capsys.readouterr().out
     assert "op0_matmul0" in text and "// tensorize fma.f32." in text
+
+
+def test_one_parametric_function_serves_every_size(tmp_path) -> None:
+    """The GEMM schedule with M, N and K left as run-time arguments: one function (tiles and
+    remainders from isl's AST generator, the packing buffers per thread, whatever the sizes)
+    computes products of every size, partial tiles and more thread shares than threads too."""
+    import ctypes
+    import subprocess
+
+    import llvmlite.ir as ir
+
+    from polyml.driver.toolchain import tool
+    from polyml.schedule.intrinsics import FmaTile
+
+    blk = packed.blocking_for_host("")
+    plan = scheduled_gemm.plan(96, 96, 64, blk, 2)  # the sizes only choose the blocks
+    program = scheduled_gemm.schedule(plan)
+    module = ir.Module("parametric")
+    f32p, i64 = ir.FloatType().as_pointer(), ir.IntType(64)
+    fn = ir.Function(module, ir.FunctionType(ir.VoidType(), [f32p] * 4 + [i64] * 3), "gemm")
+    a, b, c, work, m, n, k = fn.args
+    builder = ir.IRBuilder(fn.append_basic_block("entry"))
+    fma = FmaTile(blk, ("nounwind",))
+    codegen.Emitter(module, fn, builder, program, {"A": a, "B": b, "C": c, "Ap": work, "Bp": work},
+                    {"M": m, "N": n, "K": k}, {fma.name: fma}, ("nounwind",)).emit()
+    builder.ret_void()
+    (tmp_path / "g.ll").write_text(str(module))
+    so = tmp_path / "g.so"
+    subprocess.run([tool("clang"), "-O3", "-march=native", "-shared", "-fPIC", "-fopenmp=libgomp",
+                    str(tmp_path / "g.ll"), "-o", str(so)], check=True, capture_output=True)
+    lib = ctypes.CDLL(str(so))
+    fp = ctypes.POINTER(ctypes.c_float)
+    lib.gemm.argtypes = [fp] * 4 + [ctypes.c_int64] * 3
+    scratch = np.zeros(plan.scratch_floats, np.float32)
+    rng = np.random.default_rng(5)
+    for mm, nn, kk in [(96, 96, 64), (1, 1, 1), (13, 33, 7), (300, 257, 129), (1000, 40, 600)]:
+        x = rng.standard_normal((mm, kk), dtype=np.float32)
+        y = rng.standard_normal((kk, nn), dtype=np.float32)
+        out = np.full((mm, nn), np.nan, np.float32)
+        lib.gemm(*(arr.ctypes.data_as(fp) for arr in (x, y, out, scratch)), mm, nn, kk)
+        ref = x.astype(np.float64) @ y.astype(np.float64)
+        assert np.abs(out - ref).max() <= 1e-5 * max(1.0, np.abs(ref).max()), (mm, nn, kk)

@@ -24,6 +24,9 @@ from polyml.schedule import tree as T
 from polyml.schedule.nest import Program
 
 I32 = ir.IntType(32)
+#: the parameter naming the OpenMP thread inside a ``parallel`` loop (0 outside): buffers
+#: private to a thread are indexed by it (:mod:`polyml.schedule.gemm`'s packing buffers)
+THREAD = "T"
 I8P = ir.IntType(8).as_pointer()
 
 
@@ -158,6 +161,7 @@ class Emitter:
         self.program = program
         self.arrays = dict(arrays)
         self.params = {k: (v if isinstance(v, ir.Value) else ir.Constant(I64, int(v))) for k, v in params.items()}
+        self.params.setdefault(THREAD, ir.Constant(I64, 0))  # outside a parallel loop: thread 0
         self.intrinsics = intrinsics
         self.attrs = attrs
         self.env: dict[str, ir.Value] = {}
@@ -254,7 +258,7 @@ class Emitter:
         ast, self.payloads = built or ast_of(self.program, params_fixed)
         self.node(ast)
 
-    def node(self, n: isl.AstNode, parallel: bool = False, unroll: bool = False) -> None:
+    def node(self, n: isl.AstNode, parallel: bool | int = False, unroll: bool = False) -> None:
         t = n.get_type()
         if t == isl.ast_node_type.block:
             children = n.block_get_children()
@@ -272,8 +276,9 @@ class Emitter:
         elif t == isl.ast_node_type.mark:
             text = n.mark_get_id().get_name()
             child = n.mark_get_node()
-            if text == "parallel":
-                self.node(child, parallel=True)
+            if text == "parallel" or text.startswith("parallel "):
+                threads = int(text.split("threads=")[1]) if "threads=" in text else 0
+                self.node(child, parallel=threads or True)
             elif text == "unroll":
                 self.node(child, unroll=True)
             elif T.parse_tensorize(text) is not None:
@@ -315,10 +320,10 @@ class Emitter:
         step = int(n.for_get_inc().get_val().to_python())
         return it, lo, hi, step
 
-    def _for(self, n: isl.AstNode, parallel: bool, unroll: bool = False) -> None:
+    def _for(self, n: isl.AstNode, parallel: bool | int, unroll: bool = False) -> None:
         it, lo, hi, step = self._bounds(n)
         if parallel:
-            self._parallel_for(n, it, lo, hi, step)
+            self._parallel_for(n, it, lo, hi, step, 0 if parallel is True else int(parallel))
             return
         hints = ("llvm.loop.unroll.full",) if unroll else ()
         with counted_loop(self.b, lo, hi, f"{self.fn.name}.{it}", it, step, hints=hints) as iv:
@@ -326,8 +331,10 @@ class Emitter:
             self.node(n.for_get_body(), unroll=unroll)
         del self.env[it]
 
-    def _parallel_for(self, n: isl.AstNode, it: str, lo: ir.Value, hi: ir.Value, step: int) -> None:
-        """The loop's iterations split into equal blocks over OpenMP threads (GOMP_parallel).
+    def _parallel_for(self, n: isl.AstNode, it: str, lo: ir.Value, hi: ir.Value, step: int, threads: int = 0) -> None:
+        """The loop's iterations split into equal blocks over OpenMP threads (GOMP_parallel),
+        at most ``threads`` of them (0: all the team), so that buffers private to a thread
+        (indexed by the parameter :data:`THREAD`, its number) exist for each.
 
         Everything live (array pointers, parameters, outer iterators) crosses in a frame to a
         worker, which calls the loop's body function on its block: the body takes the arrays
@@ -335,13 +342,13 @@ class Emitter:
         as it would there (a frame's pointers carry no aliasing facts)."""
         b = self.b
         live = {**{f"a.{k}": v for k, v in self.arrays.items()},
-                **{f"p.{k}": v for k, v in self.params.items() if not isinstance(v, ir.Constant)},
+                **{f"p.{k}": v for k, v in self.params.items() if not isinstance(v, ir.Constant) and k != THREAD},
                 **{f"e.{k}": v for k, v in self.env.items()}}
         keys = list(live)
         types = [live[k].type for k in keys]
         tag = f"{self.fn.name}.par{self._workers}"
         self._workers += 1
-        body = ir.Function(self.module, ir.FunctionType(ir.VoidType(), [*types, I64, I64]), f"{tag}.body")
+        body = ir.Function(self.module, ir.FunctionType(ir.VoidType(), [*types, I64, I64, I64]), f"{tag}.body")
         worker = ir.Function(self.module, ir.FunctionType(ir.VoidType(), [I8P]), f"{tag}.worker")
         for f in (body, worker):
             f.linkage = "internal"
@@ -368,6 +375,8 @@ class Emitter:
                for f in ("omp_get_thread_num", "omp_get_num_threads")}
         tid = wb.sext(wb.call(omp["omp_get_thread_num"], []), I64)
         nt = wb.sext(wb.call(omp["omp_get_num_threads"], []), I64)
+        if threads:  # a bigger team's extra threads get no iterations
+            nt = wb.select(wb.icmp_signed(">", nt, ir.Constant(I64, threads)), ir.Constant(I64, threads), nt)
         one = ir.Constant(I64, 1)
         trips = wb.sdiv(wb.add(wb.sub(w_hi, w_lo), ir.Constant(I64, step - 1)), ir.Constant(I64, step))
         chunk = wb.sdiv(wb.add(trips, wb.sub(nt, one)), nt)
@@ -376,7 +385,7 @@ class Emitter:
         last = wb.select(wb.icmp_signed("<", last, trips), last, trips)
         with wb.if_then(wb.icmp_signed("<", first, last)):
             wb.call(body, [*vals[:-2], wb.add(w_lo, wb.mul(first, ir.Constant(I64, step))),
-                           wb.add(w_lo, wb.mul(last, ir.Constant(I64, step)))])
+                           wb.add(w_lo, wb.mul(last, ir.Constant(I64, step))), tid])
         wb.ret_void()
 
         # the body: the loop over [first, last) with everything live rebound to its arguments
@@ -386,7 +395,7 @@ class Emitter:
         for k, v in zip(keys, body.args):
             kind, name = k.split(".", 1)
             {"a": self.arrays, "p": self.params, "e": self.env}[kind][name] = v
-        b_lo, b_hi = body.args[-2:]
+        b_lo, b_hi, self.params[THREAD] = body.args[-3:]
         with counted_loop(bb, b_lo, b_hi, f"{tag}.{it}", it, step) as iv:
             self.env[it] = iv
             self.node(n.for_get_body())

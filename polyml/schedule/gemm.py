@@ -34,6 +34,8 @@ from polyml.schedule.intrinsics import FmaTile
 from polyml.schedule.nest import Access, Array, Nest, Program, Statement
 
 PARAMS = "[M, N, K]"
+#: the packing buffers' layouts also name the thread (:data:`polyml.schedule.codegen.THREAD`)
+LAYOUT_PARAMS = "[M, N, K, T]"
 
 
 def _zero(b: ir.IRBuilder, ptrs) -> None:  # noqa: ANN001
@@ -221,16 +223,16 @@ def schedule(p: Plan, program: Program | None = None) -> Program:
     if not legality.is_legal(node.get_schedule(), legality.dependences(program.nest)):
         raise ValueError(f"GEMM schedule for {p}: the blocked band violates the nest's dependences")
     if p.parts > 1:
-        node = T.mark(node, "parallel").child(0)
+        node = T.mark(node, f"parallel threads={p.parts}").child(0)
     # per-thread buffers: thread t's at t · thread_floats, A's block first, then B's
     per = p.thread_floats
     a_at, b_at = 0, blk.mc * kc
-    t_of = f"floor(p0/{sh})*{per}"
+    t_of = f"T*{per}"  # the thread's own buffers (codegen.THREAD), whatever the sizes
     node = node.child(0).child(0)  # the ic band, below (share) and (jc, pc)
     if not p.b_constant:
         col, red = ("e0", "e1") if trans_b else ("e1", "e0")
         j_rel = f"{col} - p1" if by_rows else f"{col} - p0 - p1"
-        b_layout = (f"{PARAMS} -> {{ Pack_Bp[p0, p1, p2, e0, e1] -> Bp[{t_of} + {b_at} + floor(({j_rel})/{nr})*{kc * nr}"
+        b_layout = (f"{LAYOUT_PARAMS} -> {{ Pack_Bp[p0, p1, p2, e0, e1] -> Bp[{t_of} + {b_at} + floor(({j_rel})/{nr})*{kc * nr}"
                     f" + ({red} - p2)*{nr} + ({j_rel}) mod {nr}] }}")
         clamped = "[e0, N - 1]" if not trans_b else "[N - 1, e1]"
         program, node = T.pack(
@@ -243,7 +245,7 @@ def schedule(p: Plan, program: Program | None = None) -> Program:
     node = node.child(0)  # the register tiles' band, below ic
     row, red = ("e1", "e0") if trans_a else ("e0", "e1")
     i_rel = f"{row} - p0 - p3" if by_rows else f"{row} - p3"
-    a_layout = (f"{PARAMS} -> {{ Pack_Ap[p0, p1, p2, p3, e0, e1] -> Ap[{t_of} + {a_at} + floor(({i_rel})/{mr})*{kc * mr}"
+    a_layout = (f"{LAYOUT_PARAMS} -> {{ Pack_Ap[p0, p1, p2, p3, e0, e1] -> Ap[{t_of} + {a_at} + floor(({i_rel})/{mr})*{kc * mr}"
                 f" + ({red} - p2)*{mr} + ({i_rel}) mod {mr}] }}")
     clamped = "[e0, M - 1]" if trans_a else "[M - 1, e1]"
     program, node = T.pack(
