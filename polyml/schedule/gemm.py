@@ -176,6 +176,30 @@ def _sets(us: isl.UnionSet) -> list[isl.Set]:
     return out
 
 
+def _pack_panels(program: Program, node: isl.ScheduleNode, array: str, buffer: str, n_prefix: int, along: str,
+                 red: str, width: int, extent: str, rel: str, red_origin: str, at: int, p: Plan, unroll: int = 0
+                 ) -> tuple[Program, isl.ScheduleNode]:
+    """S's operand ``array`` copied into ``width``-wide panels before ``node`` (:func:`T.pack`):
+    the copy's element ``(e0, e1)`` has its panel axis in ``along`` (at ``rel`` from the block's
+    start) and its reduction index in ``red`` (from ``red_origin``), and lands at
+    ``T·thread_floats + at + ⌊rel/width⌋·kc·width + (red - red_origin)·width + rel mod width`` in the
+    thread's buffer (``T``: :data:`polyml.schedule.codegen.THREAD`); the panels are padded to
+    whole widths, reading the last element of the axis (``extent - 1``) there; the copy runs
+    panel by panel, the reduction inside, the panel's ``width`` elements innermost (under an
+    ``unroll`` mark with ``unroll``)."""
+    ps = ", ".join(f"p{d}" for d in range(n_prefix))
+    copy = f"Pack_{buffer}[{ps}, e0, e1]"
+    layout = (f"{LAYOUT_PARAMS} -> {{ {copy} -> {buffer}[T*{p.thread_floats} + {at} + "
+              f"floor(({rel})/{width})*{p.kc * width} + ({red} - {red_origin})*{width} + ({rel}) mod {width}] }}")
+    pad = (f"{PARAMS} -> {{ {array}[a, b] -> {array}[a2, b] : floor(a2/{width}) = floor(a/{width}) }}" if along == "e0"
+           else f"{PARAMS} -> {{ {array}[a, b] -> {array}[a, b2] : floor(b2/{width}) = floor(b/{width}) }}")
+    clamped = f"[{extent} - 1, e1]" if along == "e0" else f"[e0, {extent} - 1]"
+    clamp = (f"{PARAMS} -> {{ {copy} -> {array}[e0, e1] : {along} < {extent}; "
+             f"{copy} -> {array}{clamped} : {along} >= {extent} }}")
+    return T.pack(program, node, "S", array, Array(buffer, (p.parts * p.thread_floats,)), layout, pad=pad, clamp=clamp,
+                  order=(f"floor({along}/{width})", red, f"{along} mod {width}"), unroll=unroll)
+
+
 def _union(program: Program, exprs: dict[str, str]) -> isl.UnionPwAff:
     """One band member over the statements in ``exprs`` (statement name → its expression)."""
     dims = {"S": "[i, j, k]", "E": "[i, j]"}
@@ -225,36 +249,16 @@ def schedule(p: Plan, program: Program | None = None) -> Program:
     if p.parts > 1:
         node = T.mark(node, f"parallel threads={p.parts}").child(0)
     # per-thread buffers: thread t's at t · thread_floats, A's block first, then B's
-    per = p.thread_floats
     a_at, b_at = 0, blk.mc * kc
-    t_of = f"T*{per}"  # the thread's own buffers (codegen.THREAD), whatever the sizes
     node = node.child(0).child(0)  # the ic band, below (share) and (jc, pc)
-    if not p.b_constant:
+    if not p.b_constant:  # B's kc × nc block in nr-wide panels, columns relative to the block
         col, red = ("e0", "e1") if trans_b else ("e1", "e0")
-        j_rel = f"{col} - p1" if by_rows else f"{col} - p0 - p1"
-        b_layout = (f"{LAYOUT_PARAMS} -> {{ Pack_Bp[p0, p1, p2, e0, e1] -> Bp[{t_of} + {b_at} + floor(({j_rel})/{nr})*{kc * nr}"
-                    f" + ({red} - p2)*{nr} + ({j_rel}) mod {nr}] }}")
-        clamped = "[e0, N - 1]" if not trans_b else "[N - 1, e1]"
-        program, node = T.pack(
-            program, node, "S", "B", Array("Bp", (p.parts * per,)), b_layout,
-            pad=(f"{PARAMS} -> {{ B[j, k] -> B[j2, k] : floor(j2/{nr}) = floor(j/{nr}) }}" if trans_b else
-                 f"{PARAMS} -> {{ B[k, j] -> B[k, j2] : floor(j2/{nr}) = floor(j/{nr}) }}"),
-            clamp=(f"{PARAMS} -> {{ Pack_Bp[p0, p1, p2, e0, e1] -> B[e0, e1] : {col} < N; "
-                   f"Pack_Bp[p0, p1, p2, e0, e1] -> B{clamped} : {col} >= N }}"),
-            order=(f"floor({col}/{nr})", red, f"{col} mod {nr}"))
+        program, node = _pack_panels(program, node, "B", "Bp", 3, col, red, nr, "N",
+                                     f"{col} - p1" if by_rows else f"{col} - p0 - p1", "p2", b_at, p)
     node = node.child(0)  # the register tiles' band, below ic
-    row, red = ("e1", "e0") if trans_a else ("e0", "e1")
-    i_rel = f"{row} - p0 - p3" if by_rows else f"{row} - p3"
-    a_layout = (f"{LAYOUT_PARAMS} -> {{ Pack_Ap[p0, p1, p2, p3, e0, e1] -> Ap[{t_of} + {a_at} + floor(({i_rel})/{mr})*{kc * mr}"
-                f" + ({red} - p2)*{mr} + ({i_rel}) mod {mr}] }}")
-    clamped = "[e0, M - 1]" if trans_a else "[M - 1, e1]"
-    program, node = T.pack(
-        program, node, "S", "A", Array("Ap", (p.parts * per,)), a_layout,
-        pad=(f"{PARAMS} -> {{ A[k, i] -> A[k, i2] : floor(i2/{mr}) = floor(i/{mr}) }}" if trans_a else
-             f"{PARAMS} -> {{ A[i, k] -> A[i2, k] : floor(i2/{mr}) = floor(i/{mr}) }}"),
-        clamp=(f"{PARAMS} -> {{ Pack_Ap[p0, p1, p2, p3, e0, e1] -> A[e0, e1] : {row} < M; "
-               f"Pack_Ap[p0, p1, p2, p3, e0, e1] -> A{clamped} : {row} >= M }}"),
-        order=(f"floor({row}/{mr})", red, f"{row} mod {mr}"), unroll=1)
+    row, red = ("e1", "e0") if trans_a else ("e0", "e1")  # A's mc × kc block in mr-high panels
+    program, node = _pack_panels(program, node, "A", "Ap", 4, row, red, mr, "M",
+                                 f"{row} - p0 - p3" if by_rows else f"{row} - p3", "p2", a_at, p, unroll=1)
     point = node.child(0)
     if finish:  # the sequence: S's tile (tensorized), then E's
         point = point.child(0).child(0)
