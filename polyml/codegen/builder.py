@@ -348,47 +348,9 @@ class KernelBuilder:
             self.fn, self.b = saved[0], saved[1]
             for buf, ptr in zip(bufs, saved[2]):
                 buf.ptr = ptr
-        frame_t = ir.LiteralStructType(ptypes)
-        worker = self._parallel_worker(tag, body, frame_t, lo, hi)
-        frame = self.b.alloca(frame_t, name=f"{name}.frame")
-        for i, buf in enumerate(bufs):
-            self.b.store(buf.ptr, self.b.gep(frame, [ir.Constant(I32, 0), ir.Constant(I32, i)]))
-        i8p = ir.IntType(8).as_pointer()
-        gomp = self._declare("GOMP_parallel", ir.VoidType(), [worker.type, i8p, I32, I32])
-        self.b.call(gomp, [worker, self.b.bitcast(frame, i8p), ir.Constant(I32, 0), ir.Constant(I32, 0)])
-
-    def _declare(self, name: str, ret: ir.Type, args: list[ir.Type]) -> ir.Function:
-        fn = self.module.globals.get(name)
-        if fn is None:
-            fn = ir.Function(self.module, ir.FunctionType(ret, args), name)
-            fn.attributes.add("nounwind")
-        return fn
-
-    def _parallel_worker(self, tag: str, body: ir.Function, frame_t: ir.LiteralStructType, lo: int, hi: int) -> ir.Function:
-        """``void worker(i8* frame)``: this thread's block of ``[lo, hi)``, then ``body``."""
-        i8p = ir.IntType(8).as_pointer()
-        worker = ir.Function(self.module, ir.FunctionType(ir.VoidType(), [i8p]), f"{tag}.worker")
-        worker.attributes.add("nounwind")
-        entry = worker.append_basic_block("entry")
-        run = worker.append_basic_block("run")
-        done = worker.append_basic_block("done")
-        b = ir.IRBuilder(entry)
-        frame = b.bitcast(worker.args[0], frame_t.as_pointer())
-        ptrs = [b.load(b.gep(frame, [ir.Constant(I32, 0), ir.Constant(I32, i)])) for i in range(len(frame_t.elements))]
-        tid = b.sext(b.call(self._declare("omp_get_thread_num", I32, []), []), I64)
-        nt = b.sext(b.call(self._declare("omp_get_num_threads", I32, []), []), I64)
-        n = ir.Constant(I64, hi - lo)
-        chunk = b.sdiv(b.add(n, b.sub(nt, ir.Constant(I64, 1))), nt)
-        start = b.add(ir.Constant(I64, lo), b.mul(tid, chunk))
-        end = b.add(start, chunk)
-        end = b.select(b.icmp_signed("<", end, ir.Constant(I64, hi)), end, ir.Constant(I64, hi))
-        b.cbranch(b.icmp_signed("<", start, end), run, done)
-        b.position_at_end(run)
-        b.call(body, [*ptrs, start, end])
-        b.branch(done)
-        b.position_at_end(done)
-        b.ret_void()
-        return worker
+        omp_parallel(self.b, f"{tag}.worker", [buf.ptr for buf in bufs],
+                     lambda b, ptrs, start, end, _thread: b.call(body, [*ptrs, start, end]),
+                     ir.Constant(I64, lo), ir.Constant(I64, hi))
 
     @contextmanager
     def loops(self, extents: Sequence[int | tuple[int, int]], names: Sequence[str] | None = None,
@@ -472,6 +434,68 @@ class KernelBuilder:
 
 
 STATUS = "polyml_status"
+
+
+def declare(module: ir.Module, name: str, ret: ir.Type, args: list[ir.Type]) -> ir.Function:
+    """The external function ``name`` of ``module`` (declared ``nounwind`` on first use)."""
+    fn = module.globals.get(name)
+    if fn is None:
+        fn = ir.Function(module, ir.FunctionType(ret, args), name)
+        fn.attributes.add("nounwind")
+    return fn
+
+
+def omp_parallel(b: ir.IRBuilder, name: str, values: Sequence[ir.Value],
+                 run: Callable[[ir.IRBuilder, list[ir.Value], ir.Value, ir.Value, ir.Value], object],
+                 lo: ir.Value, hi: ir.Value, step: int = 1, threads: int = 0,
+                 attrs: Sequence[str] = ("nounwind",), internal: bool = False) -> ir.Function:
+    """The iterations ``range(lo, hi, step)`` split over an OpenMP team, at ``b``.
+
+    ``values`` (and bounds that are not constants) cross in a frame to the worker ``name``,
+    which GNU OpenMP's ``GOMP_parallel`` runs on every thread: thread ``t`` of ``T`` gets
+    the iterations ``[t⌈n/T⌉, min(n, (t+1)⌈n/T⌉))`` of the ``n``, at most ``threads`` threads
+    taking part (0: all; the rest get none), and calls ``run(builder, values, start, end,
+    t)`` there with ``start``/``end`` the first and the end value of its block.  Returns the
+    worker."""
+    module = b.module
+    i8p = ir.IntType(8).as_pointer()
+    crossing = [*values, *(v for v in (lo, hi) if not isinstance(v, ir.Constant))]
+    frame_t = ir.LiteralStructType([v.type for v in crossing])
+    worker = ir.Function(module, ir.FunctionType(ir.VoidType(), [i8p]), name)
+    for a in attrs:
+        set.add(worker.attributes, a)
+    if internal:
+        worker.linkage = "internal"
+    frame = b.alloca(frame_t, name=f"{name}.frame")
+    for i, v in enumerate(crossing):
+        b.store(v, b.gep(frame, [ir.Constant(I32, 0), ir.Constant(I32, i)]))
+    b.call(declare(module, "GOMP_parallel", ir.VoidType(), [worker.type, i8p, I32, I32]),
+           [worker, b.bitcast(frame, i8p), ir.Constant(I32, 0), ir.Constant(I32, 0)])
+
+    wb = ir.IRBuilder(worker.append_basic_block("entry"))
+    run_bb, done = worker.append_basic_block("run"), worker.append_basic_block("done")
+    fp = wb.bitcast(worker.args[0], frame_t.as_pointer())
+    fields = [wb.load(wb.gep(fp, [ir.Constant(I32, 0), ir.Constant(I32, i)])) for i in range(len(crossing))]
+    rest = iter(fields[len(values):])
+    w_lo, w_hi = (v if isinstance(v, ir.Constant) else next(rest) for v in (lo, hi))
+    tid = wb.sext(wb.call(declare(module, "omp_get_thread_num", I32, []), []), I64)
+    nt = wb.sext(wb.call(declare(module, "omp_get_num_threads", I32, []), []), I64)
+    if threads:
+        nt = wb.select(wb.icmp_signed(">", nt, ir.Constant(I64, threads)), ir.Constant(I64, threads), nt)
+    one, step_c = ir.Constant(I64, 1), ir.Constant(I64, step)
+    trips = wb.sub(w_hi, w_lo) if step == 1 else wb.sdiv(wb.add(wb.sub(w_hi, w_lo), ir.Constant(I64, step - 1)), step_c)
+    chunk = wb.sdiv(wb.add(trips, wb.sub(nt, one)), nt)
+    first = wb.mul(tid, chunk)
+    last = wb.add(first, chunk)
+    last = wb.select(wb.icmp_signed("<", last, trips), last, trips)
+    wb.cbranch(wb.icmp_signed("<", first, last), run_bb, done)
+    wb.position_at_end(run_bb)
+    start, end = ((wb.add(w_lo, x) if step == 1 else wb.add(w_lo, wb.mul(x, step_c))) for x in (first, last))
+    run(wb, fields[:len(values)], start, end, tid)
+    wb.branch(done)
+    wb.position_at_end(done)
+    wb.ret_void()
+    return worker
 
 
 def status_global(module: ir.Module) -> ir.GlobalVariable:

@@ -18,16 +18,14 @@ from dataclasses import dataclass, field
 import islpy as isl
 import llvmlite.ir as ir
 
-from polyml.codegen.builder import F32, I64, counted_loop
+from polyml.codegen.builder import F32, I64, counted_loop, omp_parallel
 from polyml.errors import PolymlError
 from polyml.schedule import tree as T
 from polyml.schedule.nest import Program
 
-I32 = ir.IntType(32)
 #: the parameter naming the OpenMP thread inside a ``parallel`` loop (0 outside): buffers
 #: private to a thread are indexed by it (:mod:`polyml.schedule.gemm`'s packing buffers)
 THREAD = "T"
-I8P = ir.IntType(8).as_pointer()
 
 
 class ScheduleCodegenError(PolymlError):
@@ -332,63 +330,34 @@ class Emitter:
         del self.env[it]
 
     def _parallel_for(self, n: isl.AstNode, it: str, lo: ir.Value, hi: ir.Value, step: int, threads: int = 0) -> None:
-        """The loop's iterations split into equal blocks over OpenMP threads (GOMP_parallel),
-        at most ``threads`` of them (0: all the team), so that buffers private to a thread
-        (indexed by the parameter :data:`THREAD`, its number) exist for each.
+        """The loop's iterations split into equal blocks over OpenMP threads
+        (:func:`polyml.codegen.builder.omp_parallel`), at most ``threads`` of them (0: all the
+        team), so that buffers private to a thread (indexed by the parameter :data:`THREAD`,
+        its number) exist for each.
 
-        Everything live (array pointers, parameters, outer iterators) crosses in a frame to a
-        worker, which calls the loop's body function on its block: the body takes the arrays
-        as ``noalias`` arguments, as the op function does, so LLVM vectorizes the copies in it
-        as it would there (a frame's pointers carry no aliasing facts)."""
-        b = self.b
+        Everything live (array pointers, parameters, outer iterators) crosses to the worker,
+        which calls the loop's body function on its block: the body takes the arrays as
+        ``noalias`` arguments, as the op function does, so LLVM vectorizes the copies in it as
+        it would there (a frame's pointers carry no aliasing facts)."""
         live = {**{f"a.{k}": v for k, v in self.arrays.items()},
                 **{f"p.{k}": v for k, v in self.params.items() if not isinstance(v, ir.Constant) and k != THREAD},
                 **{f"e.{k}": v for k, v in self.env.items()}}
         keys = list(live)
-        types = [live[k].type for k in keys]
         tag = f"{self.fn.name}.par{self._workers}"
         self._workers += 1
-        body = ir.Function(self.module, ir.FunctionType(ir.VoidType(), [*types, I64, I64, I64]), f"{tag}.body")
-        worker = ir.Function(self.module, ir.FunctionType(ir.VoidType(), [I8P]), f"{tag}.worker")
-        for f in (body, worker):
-            f.linkage = "internal"
-            for a in self.attrs:
-                set.add(f.attributes, a)
+        body = ir.Function(self.module, ir.FunctionType(ir.VoidType(), [*(live[k].type for k in keys), I64, I64, I64]),
+                           f"{tag}.body")
+        body.linkage = "internal"
+        for a in self.attrs:
+            set.add(body.attributes, a)
         for k, a in zip(keys, body.args):
             if k.startswith("a."):
                 a.add_attribute("noalias")
+        omp_parallel(self.b, f"{tag}.worker", [live[k] for k in keys],
+                     lambda b, values, start, end, thread: b.call(body, [*values, start, end, thread]),
+                     lo, hi, step, threads, self.attrs, internal=True)
 
-        frame_t = ir.LiteralStructType([*types, I64, I64])
-        frame = b.alloca(frame_t, name=f"{it}.frame")
-        for i, val in enumerate([*(live[k] for k in keys), lo, hi]):
-            b.store(val, b.gep(frame, [ir.Constant(I32, 0), ir.Constant(I32, i)]))
-        gomp = self.module.globals.get("GOMP_parallel") or ir.Function(
-            self.module, ir.FunctionType(ir.VoidType(), [worker.type, I8P, I32, I32]), "GOMP_parallel")
-        b.call(gomp, [worker, b.bitcast(frame, I8P), ir.Constant(I32, 0), ir.Constant(I32, 0)])
-
-        # the worker: this thread's block of the iterations
-        wb = ir.IRBuilder(worker.append_basic_block("entry"))
-        fp = wb.bitcast(worker.args[0], frame_t.as_pointer())
-        vals = [wb.load(wb.gep(fp, [ir.Constant(I32, 0), ir.Constant(I32, i)])) for i in range(len(keys) + 2)]
-        w_lo, w_hi = vals[-2:]
-        omp = {f: self.module.globals.get(f) or ir.Function(self.module, ir.FunctionType(I32, []), f)
-               for f in ("omp_get_thread_num", "omp_get_num_threads")}
-        tid = wb.sext(wb.call(omp["omp_get_thread_num"], []), I64)
-        nt = wb.sext(wb.call(omp["omp_get_num_threads"], []), I64)
-        if threads:  # a bigger team's extra threads get no iterations
-            nt = wb.select(wb.icmp_signed(">", nt, ir.Constant(I64, threads)), ir.Constant(I64, threads), nt)
-        one = ir.Constant(I64, 1)
-        trips = wb.sdiv(wb.add(wb.sub(w_hi, w_lo), ir.Constant(I64, step - 1)), ir.Constant(I64, step))
-        chunk = wb.sdiv(wb.add(trips, wb.sub(nt, one)), nt)
-        first = wb.mul(tid, chunk)
-        last = wb.add(first, chunk)
-        last = wb.select(wb.icmp_signed("<", last, trips), last, trips)
-        with wb.if_then(wb.icmp_signed("<", first, last)):
-            wb.call(body, [*vals[:-2], wb.add(w_lo, wb.mul(first, ir.Constant(I64, step))),
-                           wb.add(w_lo, wb.mul(last, ir.Constant(I64, step))), tid])
-        wb.ret_void()
-
-        # the body: the loop over [first, last) with everything live rebound to its arguments
+        # the body: the loop over [start, end) with everything live rebound to its arguments
         saved = (self.fn, self.b, dict(self.arrays), dict(self.params), dict(self.env))
         self.fn = body
         self.b = bb = ir.IRBuilder(body.append_basic_block("entry"))
