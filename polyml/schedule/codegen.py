@@ -135,11 +135,9 @@ def ast_of(program: Program, params: Mapping[str, int] | None = None) -> tuple[i
 
 def _shift_last(dom: isl.Set) -> isl.Map:
     """``{ S[.., x] -> S[.., x + 1] }`` on ``dom``'s space."""
-    n = dom.dim(isl.dim_type.set)
-    name = dom.get_tuple_name()
-    xs = [f"x{d}" for d in range(n)]
-    params = ", ".join(dom.get_dim_name(isl.dim_type.param, i) for i in range(dom.dim(isl.dim_type.param)))
-    return isl.Map(f"[{params}] -> {{ {name}[{', '.join(xs)}] -> {name}[{', '.join(xs[:-1] + [xs[-1] + ' + 1'])}] }}")
+    shift = isl.MultiAff.identity(isl.Space.map_from_set(dom.get_space()))
+    last = dom.dim(isl.dim_type.set) - 1
+    return isl.Map.from_multi_aff(shift.set_aff(last, shift.get_aff(last).add_constant_val(isl.Val(1))))
 
 
 def c_text(program: Program, params: Mapping[str, int] | None = None) -> str:

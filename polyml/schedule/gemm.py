@@ -156,26 +156,6 @@ def _round_up(x: int, q: int) -> int:
     return -(-x // q) * q
 
 
-def band_node(tree: isl.Schedule, statement: str) -> isl.ScheduleNode:
-    """The band that schedules ``statement`` (below the sequence filter that selects it)."""
-    node = tree.get_root().child(0)
-    while node.get_type() != isl.schedule_node_type.band:
-        if node.get_type() == isl.schedule_node_type.sequence:
-            for c in range(node.n_children()):
-                if any(s.get_tuple_name() == statement for s in _sets(node.child(c).filter_get_filter())):
-                    node = node.child(c).child(0)
-                    break
-        else:
-            node = node.child(0)
-    return node
-
-
-def _sets(us: isl.UnionSet) -> list[isl.Set]:
-    out: list[isl.Set] = []
-    us.foreach_set(out.append)
-    return out
-
-
 def _pack_panels(program: Program, node: isl.ScheduleNode, array: str, buffer: str, n_prefix: int, along: str,
                  red: str, width: int, extent: str, rel: str, red_origin: str, at: int, p: Plan, unroll: int = 0
                  ) -> tuple[Program, isl.ScheduleNode]:

@@ -26,7 +26,7 @@ from dataclasses import replace
 
 import islpy as isl
 
-from polyml.schedule.nest import Access, Array, Program, Statement
+from polyml.schedule.nest import Access, Array, Nest, Program, Statement
 
 
 def text(tree: isl.Schedule) -> str:
@@ -144,10 +144,7 @@ def pack(program: Program, node: isl.ScheduleNode, statement: str, array: str, b
     the node of the subtree.
     """
     nest = program.nest
-    if any(a.array == array and a.writes for s in nest.statements for a in s.accesses):
-        raise ValueError(f"pack: {array} is written in nest {nest.name}; only read-only arrays are packed")
-    stmt = nest.statement(statement)
-    acc = next(a for a in stmt.accesses if a.array == array and a.mode == "read")
+    stmt, acc = _read_only_access(nest, statement, array, "pack")
     dom = isl.UnionSet.from_set(stmt.domain_set()).intersect_params(nest.context_set())
     prefix = node.get_prefix_schedule_union_map().intersect_domain(dom)
     prefix_map = isl.Map.from_union_map(prefix)
@@ -160,8 +157,7 @@ def pack(program: Program, node: isl.ScheduleNode, statement: str, array: str, b
     rank = footprint.dim(isl.dim_type.out)
     p_names = [f"p{d}" for d in range(n_prefix)]
     e_names = [f"e{d}" for d in range(rank)]
-    ctx = nest.context_set()
-    params = "[" + ", ".join(ctx.get_dim_name(isl.dim_type.param, i) for i in range(ctx.dim(isl.dim_type.param))) + "]"
+    params = f"[{', '.join(nest.params)}]"
     tuple_ = ", ".join(p_names + e_names)
     to_copy = isl.Map(f"{params} -> {{ [{tuple_}] -> {copy_name}[{tuple_}] }}")
     graph = footprint.reset_tuple_id(isl.dim_type.out)
@@ -179,10 +175,9 @@ def pack(program: Program, node: isl.ScheduleNode, statement: str, array: str, b
     # one, and isl then takes tens of milliseconds to find it again at every use
     flat = isl.PwMultiAff.from_map(prefix_map).flat_range_product(
         isl.PwMultiAff.from_map(acc.map().reset_tuple_id(isl.dim_type.out)))  # S[x] -> [prefix, e]
-    new_acc = isl.Map.from_pw_multi_aff(isl.PwMultiAff.from_map(isl.Map(layout))
-                                        .pullback_pw_multi_aff(isl.PwMultiAff.from_map(to_copy).pullback_pw_multi_aff(flat)))
-    accesses = tuple(Access(buffer.name, str(new_acc)) if a is acc else a for a in stmt.accesses)
-    nest = nest.with_statement(replace(stmt, accesses=accesses)).with_statement(copy, before=statement).with_array(buffer)
+    nest = _reading(nest, stmt, acc, buffer, isl.PwMultiAff.from_map(isl.Map(layout)).pullback_pw_multi_aff(
+        isl.PwMultiAff.from_map(to_copy).pullback_pw_multi_aff(flat)))
+    nest = nest.with_statement(copy, before=statement)
     ext_node = isl.ScheduleNode.from_extension(isl.UnionMap.from_map(ext))
     exprs = order or tuple(e_names)
     band = isl.MultiUnionPwAff(f"{params} -> [" + ", ".join(f"{{ {copy_name}[{tuple_}] -> [({e})] }}" for e in exprs) + "]")
@@ -199,14 +194,25 @@ def pack_constant(program: Program, statement: str, array: str, buffer: Array, l
     array's index to the buffer's): the same data-layout transformation as :func:`pack`, done
     once at compile time, so no copy statement runs (the kernel makes the buffer with
     :func:`polyml.schedule.layout.offsets` of the same layout)."""
-    nest = program.nest
-    if any(a.array == array and a.writes for s in nest.statements for a in s.accesses):
-        raise ValueError(f"pack_constant: {array} is written in nest {nest.name}")
-    stmt = nest.statement(statement)
-    acc = next(a for a in stmt.accesses if a.array == array and a.mode == "read")
+    stmt, acc = _read_only_access(program.nest, statement, array, "pack_constant")
     new = isl.PwMultiAff.from_map(isl.Map(layout)).pullback_pw_multi_aff(isl.PwMultiAff.from_map(acc.map()))
-    accesses = tuple(Access(buffer.name, str(isl.Map.from_pw_multi_aff(new))) if a is acc else a for a in stmt.accesses)
-    return Program(nest.with_statement(replace(stmt, accesses=accesses)).with_array(buffer), program.tree)
+    return Program(_reading(program.nest, stmt, acc, buffer, new), program.tree)
+
+
+def _read_only_access(nest: Nest, statement: str, array: str, what: str) -> tuple[Statement, Access]:
+    """``statement`` and its read of ``array``, which no statement of ``nest`` may write (a
+    copy of it must stay what the statement would read)."""
+    if any(a.array == array and a.writes for s in nest.statements for a in s.accesses):
+        raise ValueError(f"{what}: {array} is written in nest {nest.name}; only read-only arrays are packed")
+    stmt = nest.statement(statement)
+    return stmt, next(a for a in stmt.accesses if a.array == array and a.mode == "read")
+
+
+def _reading(nest: Nest, stmt: Statement, acc: Access, buffer: Array, relation: isl.PwMultiAff) -> Nest:
+    """``nest`` with ``stmt`` reading ``buffer`` at ``relation`` where it read through ``acc``."""
+    accesses = tuple(Access(buffer.name, str(isl.Map.from_pw_multi_aff(relation))) if a is acc else a
+                     for a in stmt.accesses)
+    return nest.with_statement(replace(stmt, accesses=accesses)).with_array(buffer)
 
 
 def _copy_body(b, ptrs) -> None:  # noqa: ANN001
