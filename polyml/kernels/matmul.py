@@ -269,35 +269,29 @@ def scheduled_scratch(config: CodegenConfig, m: int, n: int, kk: int, b_constant
     return max(scheduled_plan(config, m, n, kk, b_constant, par).scratch_floats for par in (False, True))
 
 
-def plain_product(k: KernelBuilder, operands: dict[str, Buffer], m: int, n: int, kk: int, **nest_args: object) -> None:
-    """The GEMM nest under its initial schedule (``--no-schedule``): Z, S and E as written,
-    scalar bodies, for ``opt -O3``; ``operands`` binds ``A``, ``B`` (as stored), ``C``, ``Cb``."""
-    program = scheduled_gemm.Program.of(scheduled_gemm.nest(**nest_args))
-    f32p = ir.FloatType().as_pointer()
-    arrays = {name: k.b.bitcast(buf.ptr, f32p) for name, buf in operands.items()}
-    sizes = {"M": m, "N": n, "K": kk}
-    Emitter(k.module, k.fn, k.b, program, arrays, sizes, {}).emit(sizes)
-    k.nests += 1
-    k.path = "plain"
-
-
 def scheduled_product(k: KernelBuilder, operands: dict[str, Buffer], m: int, n: int, kk: int,
                       b_constant: bool = False, **nest_args: object) -> None:
     """The GEMM nest (:func:`polyml.schedule.gemm.nest` of ``nest_args``) under its BLIS
-    schedule, the register tiles on the FMA intrinsic; ``operands`` binds its arrays (``A``,
-    ``B`` or, for a constant B already in the schedule's layout
-    (:func:`polyml.schedule.gemm.constant_b`), ``Bc``, ``C``, a bias ``Cb``)."""
+    schedule, the register tiles on the FMA intrinsic; with ``--no-schedule``
+    (``config.plain_nests``) under its initial schedule instead, scalar bodies for ``opt -O3``.
+    ``operands`` binds its arrays: ``A``, ``B`` as stored or, for a constant B already in the
+    schedule's layout (:func:`polyml.schedule.gemm.constant_b`), ``Bc``, ``C``, a bias ``Cb``."""
+    f32p = ir.FloatType().as_pointer()
+    arrays = {name: k.b.bitcast(buf.ptr, f32p) for name, buf in operands.items()}
+    sizes = {"M": m, "N": n, "K": kk}
+    k.nests += 1
+    if k.config.plain_nests:
+        Emitter(k.module, k.fn, k.b, scheduled_gemm.Program.of(scheduled_gemm.nest(**nest_args)), arrays, sizes,
+                {}).emit(sizes)
+        k.path = "plain"
+        return
     plan = scheduled_plan(k.config, m, n, kk, b_constant, k.parallel)
     program, ast = scheduled_gemm.built(plan, **nest_args)
     attrs = tuple(x for x in k.fn.attributes if x != "noinline")
     fma = FmaTile(plan.blk, attrs)
-    f32p = ir.FloatType().as_pointer()
     work = k.b.bitcast(k.temps[0].ptr, f32p)
-    arrays = {name: k.b.bitcast(buf.ptr, f32p) for name, buf in operands.items()}
     arrays.update({"Ap": work, **({} if b_constant else {"Bp": work})})
-    sizes = {"M": m, "N": n, "K": kk}
     Emitter(k.module, k.fn, k.b, program, arrays, sizes, {fma.name: fma}, attrs).emit(sizes, ast)
-    k.nests += 1
     k.schedules.append(schedule_tree.text(program.tree))
 
 
@@ -535,14 +529,8 @@ class Gemm(Kernel):
         ins = [None if t is None else Operand(f"in{i}", t, v) for i, (t, v) in enumerate(zip(k.in_types, k.values))]
         if self._gemv(k.node, ins):
             gemv_rows(k, a, k.constants[0], y)
-        elif self._scheduled(k.node, ins) is not None and k.config.plain_nests:
-            bias = None if c is None else tuple(d > 1 for d in (1,) * (2 - c.rank) + c.shape)
-            plain_product(k, {"A": a, "B": b, "C": y, **({"Cb": c} if c is not None else {})}, m, n, kk,
-                          trans_a=bool(k.attr("transA", 0)), trans_b=bool(k.attr("transB", 0)), alpha=alpha,
-                          bias=bias, beta=beta)
-            return
         elif self._scheduled(k.node, ins) is not None:
-            constant = k.inputs[1] is None  # B' in the schedule's layout
+            constant = k.inputs[1] is None  # B' in the schedule's layout (not with --no-schedule)
             bias = None if c is None else tuple(d > 1 for d in (1,) * (2 - c.rank) + c.shape)
             operands = {"A": a, ("Bc" if constant else "B"): b, "C": y, **({"Cb": c} if c is not None else {})}
             scheduled_product(k, operands, m, n, kk, constant, trans_a=bool(k.attr("transA", 0)),
@@ -711,11 +699,10 @@ class MatMul(Kernel):
             # B is one matrix: A's batch dims stack into M (row-major, same memory) -> one 2-D GEMM
             rows = int(np.prod(batch, dtype=np.int64)) * m
             a2, y2 = view(k, a, (rows, kk)), view(k, y, (rows, n))
-            if k.config.plain_nests and scheduled_plan(k.config, rows, n, kk, k.values[1] is not None) is not None:
-                plain_product(k, {"A": a2, "B": view(k, b, (kk, n)), "C": y2}, rows, n, kk)
-                return
-            if prepacked and scheduled_plan(k.config, rows, n, kk, True) is not None:
-                scheduled_product(k, {"A": a2, "Bc": b, "C": y2}, rows, n, kk, True)
+            if scheduled_plan(k.config, rows, n, kk, k.values[1] is not None) is not None:
+                # a constant B arrives in the schedule's layout, but as stored with --no-schedule
+                operands = {"A": a2, "Bc": b} if prepacked else {"A": a2, "B": view(k, b, (kk, n))}
+                scheduled_product(k, {**operands, "C": y2}, rows, n, kk, prepacked)
                 return
             if prepacked:
                 spec = packed.GemmSpec(rows, n, kk, packed.matrix_loader(0, kk), packed.matrix_loader(1, n), 2,
@@ -723,9 +710,7 @@ class MatMul(Kernel):
                 packed_product(k, spec, [a2, b], y2, k.temps[0])
                 return
             b2 = view(k, b, (kk, n))
-            if k.temps and scheduled_plan(k.config, rows, n, kk, False) is not None:
-                scheduled_product(k, {"A": a2, "B": b2, "C": y2}, rows, n, kk)
-            elif k.temps:  # packed_plan said yes (host lowering)
+            if k.temps:  # packed_plan said yes (host lowering)
                 spec = packed.GemmSpec(rows, n, kk, packed.matrix_loader(0, kk), packed.matrix_loader(1, n), 2)
                 packed_product(k, spec, [a2, b2], y2, k.temps[0])
             elif not parallel_gemm(k, a2, b2, y2):
