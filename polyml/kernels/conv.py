@@ -29,6 +29,8 @@ undoes the register blocking (3x3: 32 ms with ``polly``, 1x1: 27 ms with ``tile`
 
 from __future__ import annotations
 
+import copy
+import dataclasses
 import itertools
 import math
 from collections.abc import Callable, Sequence
@@ -61,6 +63,12 @@ from polyml.kernels.depthwise import convolve_depthwise, depthwise_plan
 from polyml.kernels.fused import epilogue, evaluate_chain
 from polyml.kernels.winograd import convolve_winograd, transform_weights, winograd_plan
 from polyml.options import CodegenConfig
+from polyml.schedule import conv as scheduled_conv
+from polyml.schedule import gemm as scheduled_gemm
+from polyml.schedule import tree as schedule_tree
+from polyml.schedule.codegen import Emitter
+from polyml.schedule.intrinsics import FmaTile
+from polyml.schedule.nest import Program
 
 #: fused multiply-add allowed, but no reassociation: the loop vectorizer must not turn the
 #: reduction loops into vector reductions (SLP vectorizes across output columns instead).
@@ -285,6 +293,9 @@ class _Plan:
 def _plan(config: CodegenConfig, node: Node, x: TensorType, w: TensorType, constant_w: bool = False) -> _Plan:
     win = conv_window(node, x, w)
     lead = x.shape[:2]
+    shape = nest_shape(node, x, w, win)
+    if config.schedule and config.plain_nests and shape is not None:  # --no-schedule: the plain nest
+        return _Plan("plain", win)
     dw = depthwise_plan(config, node, x, w, win)
     if dw is not None:  # per plane on a phase-split copy (kernels/depthwise.py)
         return _Plan("depthwise", win, dw.scratch)
@@ -303,6 +314,9 @@ def _plan(config: CodegenConfig, node: Node, x: TensorType, w: TensorType, const
             nr = packed.blocking_for_host(config.gemm_blocking).nr
             planes = PhasePlanes(x.shape[1], win, nr, row_align(win, nr))
             return _Plan("gemm_inplace", win, packed_temps(config, m, planes.columns, kk)[0], planes=planes)
+        if constant_w and shape is not None and scheduled_plan(config, shape) is not None:
+            floats = max(scheduled_plan(config, shape, par).scratch_floats for par in (False, True))
+            return _Plan("schedule", win, TensorType((floats,)))
         return _Plan("gemm", win, scratch)
     if _unpadded_1x1(win):
         sub = None if all(s == 1 for s in win.strides) else TensorType((*lead, *win.out))
@@ -319,6 +333,30 @@ def _plan(config: CodegenConfig, node: Node, x: TensorType, w: TensorType, const
         if _vector_ops(rows, bw) < 0.9 * win.out[-2] * _vector_ops(win.out[-1], bw):
             return _Plan("flat", win, src, TensorType((x.shape[0], w.shape[0], *win.out[:-2], rows)))
     return _Plan("direct", win, src)
+
+
+def nest_shape(node: Node, x: TensorType, w: TensorType, win: Window) -> scheduled_conv.Shape | None:
+    """The convolution as the schedule layer's nest (:mod:`polyml.schedule.conv`), or None
+    where it is not one: a batch, groups, other than two spatial dimensions."""
+    if x.shape[0] != 1 or win.rank != 2 or int(node.attrs.get("group", 1)) != 1:
+        return None
+    return scheduled_conv.Shape(x.shape[1], w.shape[0], win.size, win.kernel, win.strides, win.dilations,
+                                win.pads_begin, win.out)
+
+
+def scheduled_plan(config: CodegenConfig, shape: scheduled_conv.Shape, parallel: bool = True
+                   ) -> scheduled_gemm.Plan | None:
+    """The GEMM schedule's sizes for the convolution's product (weights as the constant A,
+    reduction blocks of whole input channels), or None where the packed GEMM would not run it
+    (``--gemm packed``, too small, fewer output channels than a register tile)."""
+    from polyml.kernels.matmul import packed_plan
+
+    plan = packed_plan(config, shape.m, shape.n, shape.k)
+    if not config.schedule or plan is None or shape.m < plan[0].mr:
+        return None
+    blk, parts = plan
+    return scheduled_gemm.plan(shape.m, shape.n, shape.k, blk, parts if parallel else 1, a_constant=True,
+                               kc_step=shape.taps)
 
 
 #: small-map convolutions may run with output rows as register tiles (False: never)
@@ -684,8 +722,8 @@ class Conv(Kernel):
 
     def _prepacks(self, node: Node, ins: list[Operand | None]) -> bool:
         """Constant weights of a gemm-mode convolution are packed at compile time."""
-        return ins[1].value is not None and _plan(self.config, node, ins[0].type, ins[1].type, True).mode in ("gemm", "gemm_inplace",
-                                                                                                "rows", "winograd")
+        return ins[1].value is not None and _plan(self.config, node, ins[0].type, ins[1].type, True).mode in (
+            "gemm", "gemm_inplace", "rows", "winograd", "schedule")
 
     def constants(self, node: Node, ins: list[Operand | None]) -> list[np.ndarray]:
         if not self._prepacks(node, ins):
@@ -694,6 +732,9 @@ class Conv(Kernel):
         plan = _plan(self.config, node, ins[0].type, ins[1].type, True)
         if plan.mode == "winograd":
             return [transform_weights(w, winograd_plan(self.config, node, ins[0].type, ins[1].type, plan.win))]
+        if plan.mode == "schedule":  # the GEMM schedule's constant A
+            sched = scheduled_plan(self.config, nest_shape(node, ins[0].type, ins[1].type, plan.win))
+            return [scheduled_gemm.constant_a(sched, w.reshape(w.shape[0], -1))]
         if plan.mode == "rows":
             from polyml.codegen.gemm_rows import prepack_weights
 
@@ -725,6 +766,8 @@ class Conv(Kernel):
         group = int(k.attr("group", 1))
         if PREFER_VECTOR_WIDTH:
             set.add(k.fn.attributes, f'"prefer-vector-width"="{PREFER_VECTOR_WIDTH}"')
+        if plan.mode in ("schedule", "plain"):
+            return _convolve_scheduled(k, plan, src_temp)
         if plan.mode == "gemm":
             return _convolve_gemm(k, plan, src_temp)
         if plan.mode == "gemm_inplace":
@@ -811,6 +854,103 @@ def _scaled_copy(k: KernelBuilder, x: Buffer, scale: Buffer, copy: Buffer) -> Bu
     return copy
 
 
+def _fused_operands(k: KernelBuilder, y: Buffer, n: int) -> list[tuple[Buffer, TensorType]] | None:
+    """The fused chain's operands, each with the flat ``(1, C, 1)`` or ``(1, C, P)`` type a
+    product's epilogue reads it through (P = ``n`` output positions), or None where one
+    broadcasts otherwise (the chain then runs as its own nest after the convolution)."""
+    extras: list[tuple[Buffer, TensorType]] = []
+    for buf in k.inputs[k.node.attrs["epilogue_start"]:]:
+        if buf is None:
+            continue
+        full = (1,) * (y.rank - buf.rank) + buf.shape
+        if all(d == 1 for d in full[2:]):
+            flat = (*full[:2], 1)
+        elif full[2:] == y.shape[2:]:
+            flat = (*full[:2], n)
+        else:
+            return None
+        extras.append((buf, TensorType(flat, buf.type.dtype)))
+    return extras
+
+
+def _convolve_scheduled(k: KernelBuilder, plan: _Plan, scratch: Buffer | None) -> bool:
+    """The convolution's plain nest (:mod:`polyml.schedule.conv`) under the GEMM's schedule
+    seen through im2col (mode ``schedule``: weights as the constant A laid out by
+    :meth:`Conv.constants`, the im2col panels packed into ``scratch``, the register tiles on
+    the FMA intrinsic), or under its initial schedule (``plain``, ``--no-schedule``).  The
+    bias and the fused chain are the nest's finishing statement; True if the chain is in it."""
+    x, w, y = k.inputs[0], k.inputs[1], k.outputs[0]
+    bias = k.inputs[2] if len(k.inputs) > 2 else None
+    shape = nest_shape(k.node, k.in_types[0], k.in_types[1], plan.win)
+    chain = k.node.attrs.get("epilogue")
+    extras = _fused_operands(k, y, shape.n) if chain else None
+    kinds: tuple[str, ...] = ()
+    if extras is not None:
+        for _, tt in extras:
+            channels, per = tt.shape[1], tt.shape[2]
+            if tt.dtype != "float32" or channels not in (1, shape.m) or (channels == 1 and per != 1):
+                extras = None
+                break
+            kinds += ("scalar" if channels == 1 else "channel" if per == 1 else "element",)
+    fused = extras is not None
+    f32p = ir.FloatType().as_pointer()
+    operands = {"X": x, "Y": y, **({"Cb": bias} if bias is not None else {}),
+                **{f"R{t}": buf for t, (buf, _) in enumerate(extras or [])}}
+    nest = scheduled_conv.nest(shape, bias is not None, kinds if fused else ())
+    k.nests += 1
+    if plan.mode == "plain":
+        arrays = {name: k.b.bitcast(buf.ptr, f32p) for name, buf in {**operands, "W": w}.items()}
+        program = _with_finish(Program.of(nest), k, bias is not None, chain if fused else None, extras or [])
+        Emitter(k.module, k.fn, k.b, program, arrays, shape.sizes, {}).emit(shape.sizes)
+        k.path = "plain"
+        return fused
+    sched = scheduled_plan(k.config, shape, k.parallel)
+    program, ast = scheduled_conv.built(sched, shape, bias is not None, kinds if fused else ())
+    arrays = {name: k.b.bitcast(buf.ptr, f32p) for name, buf in {**operands, "Ac": k.constants[0], "Bp": scratch}.items()}
+    attrs = tuple(a for a in k.fn.attributes if a != "noinline")
+    fma, im2col = FmaTile(sched.blk, attrs), shape.im2col(sched.blk.nr)
+    Emitter(k.module, k.fn, k.b, _with_finish(program, k, bias is not None, chain if fused else None, extras or []),
+            arrays, shape.sizes, {fma.name: fma, im2col.name: im2col}, attrs).emit(shape.sizes, ast)
+    k.schedules.append(schedule_tree.text(program.tree))
+    return fused
+
+
+class _Element:
+    """One element a statement's body has the pointer of, as :func:`evaluate_chain` reads a
+    buffer (its index is the statement's own)."""
+
+    def __init__(self, b: ir.IRBuilder, ptr: ir.Value, dtype: str):
+        self.b, self.ptr, self.type = b, ptr, TensorType((), dtype)
+
+    def broadcast_index(self, ix: Sequence) -> list:  # noqa: ARG002
+        return []
+
+    def load(self, ix: Sequence) -> ir.Value:  # noqa: ARG002
+        return self.b.load(self.ptr)
+
+
+def _with_finish(program: Program, k: KernelBuilder, bias: bool, chain: list | None,
+                 extras: list[tuple[Buffer, TensorType]]) -> Program:
+    """``program`` with its finishing statement E computing ``chain(y + bias)`` (E's
+    accesses: y, the bias, then the chain's operands in order)."""
+    if chain is None or not any(s.name == "E" for s in program.nest.statements):
+        return program
+    acc = k.node.attrs["epilogue_acc"]
+
+    def body(b: ir.IRBuilder, ptrs: Sequence[ir.Value]) -> None:
+        v = b.load(ptrs[0])
+        if bias:
+            v = b.fadd(v, b.load(ptrs[1]))
+        sub = copy.copy(k)  # the chain's code in the function being emitted (a parallel body)
+        sub.b, sub.fn = b, b.function
+        at = 2 if bias else 1
+        bufs = {buf.name: _Element(b, ptrs[at + t], buf.type.dtype) for t, (buf, _) in enumerate(extras)}
+        b.store(evaluate_chain(sub, chain, {acc: v}, bufs, []), ptrs[0])
+
+    finish = dataclasses.replace(program.nest.statement("E"), body=body)
+    return Program(program.nest.with_statement(finish), program.tree)
+
+
 def _convolve_gemm(k: KernelBuilder, plan: _Plan, scratch: Buffer, planes: Buffer | None = None) -> bool:
     """``y[m][q] = Σ_p w[m][p] · im2col(x)[p][q]`` through the packed GEMM (1x1 unstrided
     convolutions read x itself as the B matrix; ``gemm_inplace`` reads the rows of im2col(x)
@@ -849,21 +989,11 @@ def _convolve_gemm(k: KernelBuilder, plan: _Plan, scratch: Buffer, planes: Buffe
         operands.append(view(k, k.inputs[k.node.attrs["input_scale"]], (x.type.shape[1],), "scale_flat"))
     chain = k.node.attrs.get("epilogue")
     extras: list[tuple[int, Buffer, TensorType]] = []  # operand index, buffer, flat (1, C, P) type
-    fused = bool(chain)
-    if chain:
-        for buf in k.inputs[k.node.attrs["epilogue_start"]:]:
-            if buf is None:
-                continue
-            full = (1,) * (y.rank - buf.rank) + buf.shape
-            if all(d == 1 for d in full[2:]):
-                flat = (*full[:2], 1)
-            elif full[2:] == y.shape[2:]:
-                flat = (*full[:2], n)
-            else:
-                fused = False
-                break
-            extras.append((len(operands), buf, TensorType(flat, buf.type.dtype)))
-            operands.append(buf)
+    fusable = _fused_operands(k, y, n) if chain else None
+    fused = fusable is not None
+    for buf, flat in fusable or []:
+        extras.append((len(operands), buf, flat))
+        operands.append(buf)
     holder: dict[str, KernelBuilder] = {}
 
     def make_builder(fn: ir.Function) -> ir.IRBuilder:

@@ -107,15 +107,18 @@ def ast_of(program: Program, params: Mapping[str, int] | None = None) -> tuple[i
                 return node
             intrinsic, name, init = parsed
             stmt = nest.statement(name)
-            box = _stmt_map(build, name)
+            instances = _stmt_map(build, name)
+            corner = isl.PwMultiAff.from_map(instances.lexmin())
+            first = [_index_exprs(build, corner, a) for a in accesses(name)]
+            dom = stmt.domain_set().intersect_params(ctx)
+            box = instances
+            if stmt.view:  # bounds in the intrinsic's iteration space
+                box, dom = instances.apply_range(isl.Map(stmt.view)), dom.apply(isl.Map(stmt.view))
             n = box.dim(isl.dim_type.out)
             lo = [build.expr_from_pw_aff(box.dim_min(d)) for d in range(n)]
             hi = [build.expr_from_pw_aff(box.dim_max(d)) for d in range(n)]
-            corner = isl.PwMultiAff.from_map(box.lexmin())
-            first = [_index_exprs(build, corner, a) for a in accesses(name)]
             starts = None
             if init:  # the tile holds its lines' first reduction step (the last dimension)
-                dom = stmt.domain_set().intersect_params(ctx)
                 line_start = dom.subtract(dom.apply(_shift_last(dom)))
                 starts = build.expr_from_set(box.intersect_range(line_start).domain())
             return node.set_annotation(payloads.add(TileBox(intrinsic, name, init, lo, hi, first, starts)))
@@ -217,20 +220,37 @@ class Emitter:
         v = self.expr(e)
         return v if v.type == ir.IntType(1) else self.b.icmp_signed("!=", v, ir.Constant(v.type, 0))
 
+    def extent(self, extent: int | str) -> ir.Value:
+        return self.params[extent] if isinstance(extent, str) else ir.Constant(I64, extent)
+
     def address(self, array: str, index: list[isl.AstExpr]) -> ir.Value:
-        """The element pointer of ``array[index]`` (row-major over the nest's shape)."""
-        shape = self.program.nest.array(array).shape
+        """The element pointer of ``array[index]`` (row-major over the nest's shape); for a
+        padded array, outside its shape a slot holding the padding value."""
+        arr = self.program.nest.array(array)
         b = self.b
+        values = [self.expr(e) for e in index]
         flat = None
-        for d, e in enumerate(index):
-            v = self.expr(e)
-            if flat is None:
-                flat = v
-            else:
-                extent = shape[d]
-                ext = self.params[extent] if isinstance(extent, str) else ir.Constant(I64, extent)
-                flat = b.add(b.mul(flat, ext, flags=["nsw"]), v, flags=["nsw"])
-        return b.gep(self.arrays[array], [flat if flat is not None else ir.Constant(I64, 0)], inbounds=True)
+        for d, v in enumerate(values):
+            flat = v if flat is None else b.add(b.mul(flat, self.extent(arr.shape[d]), flags=["nsw"]), v, flags=["nsw"])
+        flat = flat if flat is not None else ir.Constant(I64, 0)
+        if arr.padding is None:
+            return b.gep(self.arrays[array], [flat], inbounds=True)
+        inside = ir.Constant(ir.IntType(1), 1)
+        for d, v in enumerate(values):  # 0 <= v < extent, as one unsigned comparison
+            inside = b.and_(inside, b.icmp_unsigned("<", v, self.extent(arr.shape[d])))
+        return b.select(inside, b.gep(self.arrays[array], [flat]), self._padding_slot(arr.padding))
+
+    def _padding_slot(self, value: float) -> ir.Value:
+        key = f"{self.fn.name}.pad{value!r}"
+        if key not in self._entry_allocas:
+            slot = self.stack_tile(f"pad{len(self._entry_allocas)}", 1)
+            entry = self.b
+            if self.b.block is not self.fn.entry_basic_block:  # stored once, where the slot is made
+                entry = ir.IRBuilder(self.fn.entry_basic_block)
+                entry.position_after(slot)
+            entry.store(ir.Constant(F32, value), slot)
+            self._entry_allocas[key] = slot
+        return self._entry_allocas[key]
 
     def stack_tile(self, name: str, floats: int) -> ir.Value:
         """A ``floats``-element stack array in the current function's entry block."""

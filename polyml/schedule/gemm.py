@@ -20,6 +20,7 @@ step.  Sizes come from the host's cache model (:func:`polyml.codegen.gemm.host_b
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import islpy as isl
@@ -100,21 +101,27 @@ class Plan:
     parts: int
     #: the register tiles row panel by row panel (``ir`` outside ``jr``: :func:`polyml.codegen.gemm.rows_outer`)
     rows_outer: bool = False
-    #: the product's sizes, and whether B is a constant (packed at compile time: :func:`constant_b`)
+    #: the product's sizes, and whether B / A is a constant (laid out at compile time:
+    #: :func:`constant_b`, :func:`constant_a`)
     m: int = 0
     n: int = 0
     k: int = 0
     b_constant: bool = False
+    a_constant: bool = False
 
     @property
     def thread_floats(self) -> int:
-        """One thread's packing buffers: ``[A block mc·kc][B block kc·nc]`` (no B block when B
-        is a constant)."""
-        return self.blk.mc * self.kc + (0 if self.b_constant else self.kc * self.nc)
+        """One thread's packing buffers: ``[A block mc·kc][B block kc·nc]`` (none for a
+        constant operand)."""
+        return (0 if self.a_constant else self.blk.mc * self.kc) + (0 if self.b_constant else self.kc * self.nc)
 
     @property
     def n_pad(self) -> int:
         return _round_up(self.n, self.blk.nr)
+
+    @property
+    def m_pad(self) -> int:
+        return _round_up(self.m, self.blk.mr)
 
     @property
     def b_layout(self) -> str:
@@ -124,25 +131,40 @@ class Plan:
         return (f"{{ B[k, j] -> Bc[{kc * self.n_pad}*floor(k/{kc}) + {nr * kc}*floor(j/{nr}) + {nr}*(k mod {kc})"
                 f" + j mod {nr}] }}")
 
+    def a_layout(self, index: str = "A[i, k]", i: str = "i", k: str = "k") -> str:
+        """A constant A's layout (``index``: the array's element, whose row is ``i`` and
+        reduction index ``k``): ``mr × kc`` panels, ``kc`` blocks of all ``M`` (padded to whole
+        panels) one after the other."""
+        mr, kc = self.blk.mr, self.kc
+        return (f"{{ {index} -> Ac[{kc * self.m_pad}*floor(({k})/{kc}) + {mr * kc}*floor(({i})/{mr})"
+                f" + {mr}*(({k}) mod {kc}) + ({i}) mod {mr}] }}")
+
     @property
     def b_floats(self) -> int:
         return -(-self.k // self.kc) * self.kc * self.n_pad
+
+    @property
+    def a_floats(self) -> int:
+        return -(-self.k // self.kc) * self.kc * self.m_pad
 
     @property
     def scratch_floats(self) -> int:
         return self.parts * self.thread_floats
 
 
-def plan(m: int, n: int, k: int, blk: packed.Blocking, parts: int, b_constant: bool = False) -> Plan:
+def plan(m: int, n: int, k: int, blk: packed.Blocking, parts: int, b_constant: bool = False,
+         a_constant: bool = False, kc_step: int = 1) -> Plan:
     """The sizes for an ``m × n × k`` product on ``parts`` threads: the packed GEMM's cost
-    model (:mod:`polyml.codegen.gemm`), so both paths block alike."""
-    spec = packed.GemmSpec(m, n, k, packed.matrix_loader(0, k), packed.matrix_loader(1, n), 2, prepacked_b=b_constant)
+    model (:mod:`polyml.codegen.gemm`), so both paths block alike; ``kc_step``: the reduction
+    blocks are multiples of it (a convolution's taps: whole input channels per block)."""
+    spec = packed.GemmSpec(m, n, k, packed.matrix_loader(0, k), packed.matrix_loader(1, n), 2, prepacked_b=b_constant,
+                           prepacked_a=a_constant, kc_step=kc_step)
     dim, share = packed.split(spec, blk, parts)
     kc = min(packed.block_kc(spec, blk), k)
     nc = min(packed.block_nc(spec, blk), _round_up(share if dim == "n" else n, blk.nr))
     total = m if dim == "m" else n
     count = -(-total // share)
-    return Plan(blk, kc, nc, dim, share, count, packed.rows_outer(spec, blk), m, n, k, b_constant)
+    return Plan(blk, kc, nc, dim, share, count, packed.rows_outer(spec, blk), m, n, k, b_constant, a_constant)
 
 
 def constant_b(p: Plan, b: np.ndarray) -> np.ndarray:
@@ -152,13 +174,20 @@ def constant_b(p: Plan, b: np.ndarray) -> np.ndarray:
     return out
 
 
+def constant_a(p: Plan, a: np.ndarray) -> np.ndarray:
+    """A constant A (``m × k``) in :meth:`Plan.a_layout`, zeros in the padding."""
+    out = np.zeros(p.a_floats, dtype=np.float32)
+    out[layout.offsets(p.a_layout(), (p.m, p.k), {})] = a
+    return out
+
+
 def _round_up(x: int, q: int) -> int:
     return -(-x // q) * q
 
 
-def _pack_panels(program: Program, node: isl.ScheduleNode, array: str, buffer: str, n_prefix: int, along: str,
-                 red: str, width: int, extent: str, rel: str, red_origin: str, at: int, p: Plan, unroll: int = 0
-                 ) -> tuple[Program, isl.ScheduleNode]:
+def pack_panels(program: Program, node: isl.ScheduleNode, array: str, buffer: str, n_prefix: int, along: str,
+                red: str, width: int, extent: str, rel: str, red_origin: str, at: int, p: Plan, unroll: int = 0,
+                view: str = "", source: str = "", copy_mark: str = "") -> tuple[Program, isl.ScheduleNode]:
     """S's operand ``array`` copied into ``width``-wide panels before ``node`` (:func:`T.pack`):
     the copy's element ``(e0, e1)`` has its panel axis in ``along`` (at ``rel`` from the block's
     start) and its reduction index in ``red`` (from ``red_origin``), and lands at
@@ -166,46 +195,62 @@ def _pack_panels(program: Program, node: isl.ScheduleNode, array: str, buffer: s
     thread's buffer (``T``: :data:`polyml.schedule.codegen.THREAD`); the panels are padded to
     whole widths, reading the last element of the axis (``extent - 1``) there; the copy runs
     panel by panel, the reduction inside, the panel's ``width`` elements innermost (under an
-    ``unroll`` mark with ``unroll``)."""
+    ``unroll`` mark with ``unroll``; with ``copy_mark``, each panel under that mark: a copy
+    intrinsic).  ``view``/``source``: the operand as S sees it (:func:`T.pack`), the copy's
+    elements ``V[e0, e1]``."""
     ps = ", ".join(f"p{d}" for d in range(n_prefix))
     copy = f"Pack_{buffer}[{ps}, e0, e1]"
+    held = isl.Map(view).get_tuple_name(isl.dim_type.out) if view else array
     layout = (f"{LAYOUT_PARAMS} -> {{ {copy} -> {buffer}[T*{p.thread_floats} + {at} + "
               f"floor(({rel})/{width})*{p.kc * width} + ({red} - {red_origin})*{width} + ({rel}) mod {width}] }}")
-    pad = (f"{PARAMS} -> {{ {array}[a, b] -> {array}[a2, b] : floor(a2/{width}) = floor(a/{width}) }}" if along == "e0"
-           else f"{PARAMS} -> {{ {array}[a, b] -> {array}[a, b2] : floor(b2/{width}) = floor(b/{width}) }}")
+    pad = (f"{PARAMS} -> {{ {held}[a, b] -> {held}[a2, b] : floor(a2/{width}) = floor(a/{width}) }}" if along == "e0"
+           else f"{PARAMS} -> {{ {held}[a, b] -> {held}[a, b2] : floor(b2/{width}) = floor(b/{width}) }}")
     clamped = f"[{extent} - 1, e1]" if along == "e0" else f"[e0, {extent} - 1]"
-    clamp = (f"{PARAMS} -> {{ {copy} -> {array}[e0, e1] : {along} < {extent}; "
-             f"{copy} -> {array}{clamped} : {along} >= {extent} }}")
+    clamp = (f"{PARAMS} -> {{ {copy} -> {held}[e0, e1] : {along} < {extent}; "
+             f"{copy} -> {held}{clamped} : {along} >= {extent} }}")
+    inner, mark = (2, copy_mark) if copy_mark else (unroll, "unroll")
     return T.pack(program, node, "S", array, Array(buffer, (p.parts * p.thread_floats,)), layout, pad=pad, clamp=clamp,
-                  order=(f"floor({along}/{width})", red, f"{along} mod {width}"), unroll=unroll)
+                  order=(f"floor({along}/{width})", red, f"{along} mod {width}"), inner=inner, inner_mark=mark,
+                  view=view, source=source)
 
 
-def _union(program: Program, exprs: dict[str, str]) -> isl.UnionPwAff:
-    """One band member over the statements in ``exprs`` (statement name → its expression)."""
-    dims = {"S": "[i, j, k]", "E": "[i, j]"}
-    return isl.UnionPwAff(f"{PARAMS} -> {{ " + "; ".join(f"{s}{dims[s]} -> [({e})]" for s, e in exprs.items()) + " }")
+@dataclass(frozen=True)
+class View:
+    """The statements of a GEMM-like nest in the GEMM's coordinates: per statement its index
+    tuple and the expressions of ``(i, j, k)`` in it (a finishing statement at ``k = K - 1``,
+    its last reduction step)."""
+
+    statements: tuple[tuple[str, str, str, str, str], ...]  # (name, "[i, j, k]", i, j, k)
+
+    def member(self, program: Program, which: int) -> isl.UnionPwAff:
+        """``i`` (0), ``j`` (1) or ``k`` (2) as one band member over the statements."""
+        parts = [f"{name}{tup} -> [({exprs[which]})]" for name, tup, *exprs in self.statements]
+        return isl.UnionPwAff(f"{PARAMS} -> {{ " + "; ".join(parts) + " }")
+
+    def filter(self, name: str) -> isl.UnionSet:
+        tup = next(t for n, t, *_ in self.statements if n == name)
+        return isl.UnionSet(f"{PARAMS} -> {{ {name}{tup} }}")
 
 
-def schedule(p: Plan, program: Program | None = None) -> Program:
-    """The BLIS schedule of ``program`` (default: :func:`nest`) for the sizes of ``p`` (see
-    the module docstring); a finishing statement E runs on each register tile after the
-    tile's last reduction block (fused into the tile loops)."""
-    program = T.fold_init(program or Program.of(nest()), "Z")
+GEMM_VIEW = View((("S", "[i, j, k]", "i", "j", "k"), ("E", "[i, j]", "i", "j", "K - 1")))
+
+#: ``(program, node, by_rows) -> (program, node)``: an operand's pack before ``node``
+Packer = Callable[[Program, isl.ScheduleNode, bool], tuple[Program, isl.ScheduleNode]]
+
+
+def blis(program: Program, p: Plan, view: View, pack_b: Packer | None, pack_a: Packer | None) -> Program:
+    """BLIS's loop nest on a GEMM-like ``program`` seen through ``view``: the band ``(i, j, k)``
+    of S and E is strip-mined into thread shares, cache blocks and register tiles and permuted
+    to ``(share, jc, pc, ic, jr, ir | i, j, k)`` (each tile's S, then its E), legality-checked;
+    ``pack_b`` runs before the ``ic`` band, ``pack_a`` before the register tiles (None: a
+    constant operand, already in its layout); S's tile is tensorized onto ``fma.f32.<mr>x<nr>``."""
     nest_ = program.nest
-    finish = any(s.name == "E" for s in nest_.statements)
-    trans_a = "A[k, i]" in nest_.statement("S").accesses[1].relation
-    trans_b = "B[j, k]" in nest_.statement("S").accesses[2].relation
-    if p.b_constant:
-        if trans_b:
-            raise ValueError("GEMM schedule: a constant B is packed at compile time untransposed")
-        program = T.pack_constant(program, "S", "B", Array("Bc", (p.b_floats,)), p.b_layout)
+    names = {s.name for s in nest_.statements}
+    view = View(tuple(v for v in view.statements if v[0] in names))
+    finish = "E" in names
     blk = p.blk
     mr, nr, mc, kc, nc, sh = blk.mr, blk.nr, blk.mc, p.kc, p.nc, p.share
-    stmts = ("S", "E") if finish else ("S",)
-    # S's band (i, j, k); E joins it at k = K - 1, the last reduction step
-    i = _union(program, {s: "i" for s in stmts})
-    j = _union(program, {s: "j" for s in stmts})
-    k = _union(program, {"S": "k", **({"E": "K - 1"} if finish else {})})
+    i, j, k = (view.member(program, w) for w in range(3))
     by_rows = p.split == "m"
     share, i_s, j_s = (T.origin(i, sh), T.offset(i, sh), j) if by_rows else (T.origin(j, sh), i, T.offset(j, sh))
     i_c, i_m = T.origin(i_s, mc), T.offset(i_s, mc)
@@ -219,8 +264,8 @@ def schedule(p: Plan, program: Program | None = None) -> Program:
     node = T.split(node, [1, 2, 1, 2, 3])
     if finish:  # each tile's product, then its finish
         filters = isl.UnionSetList.alloc(node.get_ctx(), 2)
-        for name in stmts:
-            filters = filters.add(isl.UnionSet(f"{PARAMS} -> {{ {name}{'[i, j, k]' if name == 'S' else '[i, j]'} }}"))
+        for name in ("S", "E"):
+            filters = filters.add(view.filter(name))
         node = node.child(0).child(0).child(0).child(0).insert_sequence(filters)
         for _ in range(4):
             node = node.parent()
@@ -228,22 +273,45 @@ def schedule(p: Plan, program: Program | None = None) -> Program:
         raise ValueError(f"GEMM schedule for {p}: the blocked band violates the nest's dependences")
     if p.parts > 1:
         node = T.mark(node, f"parallel threads={p.parts}").child(0)
-    # per-thread buffers: thread t's at t · thread_floats, A's block first, then B's
-    a_at, b_at = 0, blk.mc * kc
     node = node.child(0).child(0)  # the ic band, below (share) and (jc, pc)
-    if not p.b_constant:  # B's kc × nc block in nr-wide panels, columns relative to the block
-        col, red = ("e0", "e1") if trans_b else ("e1", "e0")
-        program, node = _pack_panels(program, node, "B", "Bp", 3, col, red, nr, "N",
-                                     f"{col} - p1" if by_rows else f"{col} - p0 - p1", "p2", b_at, p)
+    if pack_b is not None:
+        program, node = pack_b(program, node, by_rows)
     node = node.child(0)  # the register tiles' band, below ic
-    row, red = ("e1", "e0") if trans_a else ("e0", "e1")  # A's mc × kc block in mr-high panels
-    program, node = _pack_panels(program, node, "A", "Ap", 4, row, red, mr, "M",
-                                 f"{row} - p0 - p3" if by_rows else f"{row} - p3", "p2", a_at, p, unroll=1)
+    if pack_a is not None:
+        program, node = pack_a(program, node, by_rows)
     point = node.child(0)
     if finish:  # the sequence: S's tile (tensorized), then E's
         point = point.child(0).child(0)
     node = T.mark(point, T.tensorize_text(FmaTile(blk).name, "S", init="Z"))
     return Program(program.nest, node.get_schedule())
+
+
+def schedule(p: Plan, program: Program | None = None) -> Program:
+    """The BLIS schedule of ``program`` (default: :func:`nest`) for the sizes of ``p`` (see
+    the module docstring); a finishing statement E runs on each register tile after the
+    tile's last reduction block (fused into the tile loops)."""
+    program = T.fold_init(program or Program.of(nest()), "Z")
+    nest_ = program.nest
+    trans_a = "A[k, i]" in nest_.statement("S").accesses[1].relation
+    trans_b = "B[j, k]" in nest_.statement("S").accesses[2].relation
+    if p.b_constant:
+        if trans_b:
+            raise ValueError("GEMM schedule: a constant B is packed at compile time untransposed")
+        program = T.pack_constant(program, "S", "B", Array("Bc", (p.b_floats,)), p.b_layout)
+    # per-thread buffers: thread t's at t · thread_floats, A's block first, then B's
+    a_at, b_at = 0, p.blk.mc * p.kc
+
+    def pack_b(program: Program, node: isl.ScheduleNode, by_rows: bool) -> tuple[Program, isl.ScheduleNode]:
+        col, red = ("e0", "e1") if trans_b else ("e1", "e0")  # B's kc × nc block in nr-wide panels
+        return pack_panels(program, node, "B", "Bp", 3, col, red, p.blk.nr, "N",
+                           f"{col} - p1" if by_rows else f"{col} - p0 - p1", "p2", b_at, p)
+
+    def pack_a(program: Program, node: isl.ScheduleNode, by_rows: bool) -> tuple[Program, isl.ScheduleNode]:
+        row, red = ("e1", "e0") if trans_a else ("e0", "e1")  # A's mc × kc block in mr-high panels
+        return pack_panels(program, node, "A", "Ap", 4, row, red, p.blk.mr, "M",
+                           f"{row} - p0 - p3" if by_rows else f"{row} - p3", "p2", a_at, p, unroll=1)
+
+    return blis(program, p, GEMM_VIEW, None if p.b_constant else pack_b, pack_a)
 
 
 @functools.lru_cache(maxsize=64)

@@ -12,6 +12,11 @@ its operands' addresses (:class:`~polyml.schedule.codegen.TileBox`).
   known, the partial row panel's whole-width tiles run a kernel of ``M mod mr`` rows straight
   into ``C`` and the last column panel's tiles a narrower kernel; other partial tiles run the
   whole kernel into a stack tile and add its ``rows × cols`` part into ``C``.
+* ``im2col.f32.<nr>`` (:class:`Im2colPanel`), a copy intrinsic: one ``nr``-wide panel of a
+  convolution's im2col matrix, ``Bp[p·nr + c] = X[..]`` for rows ``k0 + p`` (whole input
+  channels) and columns ``j0 + c``, zero where the window leaves the input — the copy statement
+  of :func:`polyml.schedule.tree.pack` with a view, gathered through a table of source offsets
+  (:func:`polyml.codegen.gemm.im2col_packer`).
 """
 
 from __future__ import annotations
@@ -115,3 +120,33 @@ def _roles(stmt) -> dict[str, int]:  # noqa: ANN001
     if len(update) != 1 or len(reads) != 2:
         raise ValueError(f"fma tile: statement {stmt.name} is not C[i, j] += A[i, k] * B[k, j]")
     return {"C": update[0], "A": reads[0], "B": reads[1]}
+
+
+@dataclass(frozen=True)
+class Im2colPanel:
+    """A convolution's im2col panel copy (geometry of :class:`polyml.schedule.conv.Shape`)."""
+
+    size: tuple[int, int]
+    kernel: tuple[int, int]
+    out_width: int
+    columns: int
+    strides: tuple[int, int]
+    dilations: tuple[int, int]
+    pads: tuple[int, int]
+    nr: int
+
+    @property
+    def name(self) -> str:
+        return f"im2col.f32.{self.nr}"
+
+    def lower(self, em, box) -> None:  # noqa: ANN001  (Emitter, TileBox)
+        stmt = em.program.nest.statement(box.statement)
+        (dst_at, dst), (_, src) = ((p, a) for p, a in enumerate(stmt.accesses))
+        if not dst.writes or not src.reads:
+            raise ValueError(f"im2col: statement {stmt.name} is not a copy")
+        b = em.b
+        k0, k1, j0 = em.expr(box.lo[-2]), em.expr(box.hi[-2]), em.expr(box.lo[-1])
+        kc = b.add(b.sub(k1, k0), ir.Constant(I64, 1))
+        pack = packed.im2col_packer(0, self.size, self.kernel, self.out_width, self.columns, self.strides,
+                                    self.dilations, self.pads, self.nr)
+        pack(b, [em.arrays[src.array]], em.address(dst.array, box.first[dst_at]), k0, kc, j0)

@@ -23,11 +23,14 @@ Body = Callable[[ir.IRBuilder, Sequence[ir.Value]], None]
 
 @dataclass(frozen=True)
 class Array:
-    """A row-major array; ``shape`` entries are ints or parameter names."""
+    """A row-major array; ``shape`` entries are ints or parameter names.  ``padding``: the
+    value of an element outside the shape (a convolution's zero padding: its accesses may
+    leave the array, and read that value there); None: every access stays inside."""
 
     name: str
     shape: tuple[int | str, ...]
     dtype: str = "float32"
+    padding: float | None = None
 
 
 @dataclass(frozen=True)
@@ -53,10 +56,16 @@ class Access:
 
 @dataclass(frozen=True)
 class Statement:
+    """``view``: an isl map from the domain to the iteration space of the intrinsic a
+    ``tensorize`` mark puts the statement on (a convolution's instances as the GEMM's
+    ``(i, j, k)``: output channel, output position, input channel and tap); the tile's bounds
+    and its first reduction step are taken there.  Empty: the domain itself."""
+
     name: str
     domain: str
     accesses: tuple[Access, ...]
     body: Body = field(compare=False, repr=False)
+    view: str = ""
 
     def domain_set(self) -> isl.Set:
         return isl.Set(self.domain)

@@ -125,8 +125,8 @@ def fold_init(program: Program, init: str) -> Program:
 
 
 def pack(program: Program, node: isl.ScheduleNode, statement: str, array: str, buffer: Array, layout: str,
-         pad: str = "", clamp: str = "", order: tuple[str, ...] = (), unroll: int = 0
-         ) -> tuple[Program, isl.ScheduleNode]:
+         pad: str = "", clamp: str = "", order: tuple[str, ...] = (), inner: int = 0, inner_mark: str = "unroll",
+         view: str = "", source: str = "") -> tuple[Program, isl.ScheduleNode]:
     """Copy-in of ``array`` for ``statement`` before the subtree at ``node``.
 
     The copy statement ``Pack_<buffer>`` runs, in each iteration of ``node``'s prefix schedule,
@@ -138,10 +138,18 @@ def pack(program: Program, node: isl.ScheduleNode, statement: str, array: str, b
     domain is the prefix's values followed by the element's index, so a layout may depend on
     the iteration (a buffer per thread).  ``statement``'s access to ``array`` is rewritten to
     ``layout`` composed with its index.  ``order``: the copy's loops, as expressions of its
-    element index ``e0, e1, ..`` (default: the index in order); ``unroll``: how many of the
-    innermost of those loops go into a band of their own under an ``unroll`` mark (unrolled
-    fully by LLVM, so that it vectorizes the loop around them).  Returns the new program and
-    the node of the subtree.
+    element index ``e0, e1, ..`` (default: the index in order); ``inner``: how many of the
+    innermost of those loops go into a band of their own under the mark ``inner_mark``
+    (``unroll``: unrolled fully by LLVM, so that it vectorizes the loop around them; a
+    ``tensorize`` mark: the copy of those elements is one call of a copy intrinsic).
+
+    ``view`` and ``source`` pack an operand as the statement sees it rather than the array's
+    elements: ``view`` maps the statement's instances to a virtual operand ``V[e]`` (a
+    convolution's im2col matrix ``B[k, j]``, whose elements repeat the input's) and ``source``
+    maps ``V`` to the array's element (where ``array`` is padded, outside it); their
+    composition must be the statement's access (checked).  The copy then runs over ``V``'s
+    elements, ``pad`` and ``clamp`` are in ``V``'s terms, and the statement reads the copy at
+    ``layout`` of ``view``.  Returns the new program and the node of the subtree.
     """
     nest = program.nest
     stmt, acc = _read_only_access(nest, statement, array, "pack")
@@ -150,7 +158,14 @@ def pack(program: Program, node: isl.ScheduleNode, statement: str, array: str, b
     prefix_map = isl.Map.from_union_map(prefix)
     n_prefix = prefix_map.dim(isl.dim_type.out)
     # { [prefix] -> array[e] }: what the subtree reads in each prefix iteration
-    footprint = prefix_map.reverse().apply_range(acc.map())
+    access = acc.map()
+    through = access  # the statement's instance -> the element the copy holds for it
+    if view:
+        through = isl.Map(view)
+        if not through.apply_range(isl.Map(source)).intersect_domain(stmt.domain_set()).is_equal(
+                access.intersect_domain(stmt.domain_set())):
+            raise ValueError(f"pack: {view} then {source} is not {statement}'s access {acc.relation}")
+    footprint = prefix_map.reverse().apply_range(through)
     if pad:
         footprint = footprint.apply_range(isl.Map(pad))
     copy_name = f"Pack_{buffer.name}"
@@ -165,16 +180,19 @@ def pack(program: Program, node: isl.ScheduleNode, statement: str, array: str, b
         .flat_range_product(graph)
     ext = both.apply_range(to_copy)  # [prefix] -> Pack[prefix, e]
     copy_domain = ext.range()
-    src_map = f"{params} -> {{ {copy_name}[{tuple_}] -> {array}[{', '.join(e_names)}] }}"
+    held = through.get_tuple_name(isl.dim_type.out)
+    read = isl.Map(clamp or f"{params} -> {{ {copy_name}[{tuple_}] -> {held}[{', '.join(e_names)}] }}")
+    if view:
+        read = read.apply_range(isl.Map(source))
     copy = Statement(copy_name, str(copy_domain), (
         Access(buffer.name, layout, "write"),
-        Access(array, clamp or src_map),
+        Access(array, str(read)),
     ), body=_copy_body)
     # the statement now reads the copy: compose its access with the layout (prefix, element)
     # composed as functions (pullbacks): a composition of relations hides that the result is
     # one, and isl then takes tens of milliseconds to find it again at every use
     flat = isl.PwMultiAff.from_map(prefix_map).flat_range_product(
-        isl.PwMultiAff.from_map(acc.map().reset_tuple_id(isl.dim_type.out)))  # S[x] -> [prefix, e]
+        isl.PwMultiAff.from_map(through.reset_tuple_id(isl.dim_type.out)))  # S[x] -> [prefix, e]
     nest = _reading(nest, stmt, acc, buffer, isl.PwMultiAff.from_map(isl.Map(layout)).pullback_pw_multi_aff(
         isl.PwMultiAff.from_map(to_copy).pullback_pw_multi_aff(flat)))
     nest = nest.with_statement(copy, before=statement)
@@ -182,8 +200,8 @@ def pack(program: Program, node: isl.ScheduleNode, statement: str, array: str, b
     exprs = order or tuple(e_names)
     band = isl.MultiUnionPwAff(f"{params} -> [" + ", ".join(f"{{ {copy_name}[{tuple_}] -> [({e})] }}" for e in exprs) + "]")
     copy_band = ext_node.child(0).insert_partial_schedule(band)
-    if unroll:
-        copy_band = mark(copy_band.band_split(len(exprs) - unroll).child(0), "unroll")
+    if inner:
+        copy_band = mark(copy_band.band_split(len(exprs) - inner).child(0), inner_mark)
     ext_node = copy_band.root()
     node = node.graft_before(ext_node)
     return Program(nest, node.get_schedule()), node
