@@ -1,13 +1,18 @@
-"""Per-shape convolution speed: polyml's packed GEMM (im2col packed on the fly) against its
-register-blocked direct nests (``--conv gemm`` / ``--conv direct``) and onnxruntime.
+"""Per-shape convolution speed: polyml's lowerings of each shape against each other and onnxruntime.
+
+``--variants`` names the builds compared (the first against the second): ``gemm`` (the GEMM on
+the im2col matrix packed on the fly, ``--conv gemm``: on the schedule path), ``packed`` (the
+same on the hand-written packed GEMM, ``--gemm packed``), ``direct`` (the register-blocked
+direct nests, ``--conv direct``), ``auto`` (the build's own choice per shape), ``plain``
+(``--no-schedule``: the plain nest).
 
 Every distinct Conv of ResNet-50 (batch 1, 224x224) by default, or the convs of any ONNX model
 (``--model``); each becomes a one-node model with random weights, bias and a fused Relu, built
 both ways, checked against onnxruntime, and timed in alternating blocks
 (:func:`polyml.benchmark.measure`).  Prints GFLOP/s and the ratio gemm/direct per shape; this
-table decides :func:`polyml.kernels.conv.prefer_gemm`.
+table (gemm against direct) decides :func:`polyml.kernels.conv.prefer_gemm`.
 
-    python scripts/bench_conv.py [--threads 2] [--repeat 10] [--model m.onnx] [--json out.json]
+    python scripts/bench_conv.py [--threads 2] [--repeat 10] [--model m.onnx] [--variants gemm,direct] [--json out.json]
 """
 
 from __future__ import annotations
@@ -74,7 +79,13 @@ def model_convs(path: Path) -> list[tuple[int, ...]]:
     return out
 
 
-def bench_shape(shape: tuple[int, ...], threads: int, repeat: int, block: int, settle: float, work: Path) -> dict:
+#: each variant's build options
+VARIANTS = {"gemm": {"conv": "gemm"}, "packed": {"conv": "gemm", "gemm": "packed"}, "direct": {"conv": "direct"},
+            "auto": {}, "plain": {"schedule": False}}
+
+
+def bench_shape(shape: tuple[int, ...], threads: int, repeat: int, block: int, settle: float, work: Path,
+                variants: tuple[str, ...] = ("gemm", "direct")) -> dict:
     import onnxruntime as ort
 
     c, h, w, m, k, s, p = shape
@@ -86,19 +97,21 @@ def bench_shape(shape: tuple[int, ...], threads: int, repeat: int, block: int, s
     so.intra_op_num_threads = threads
     sess = ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"])
     ref = sess.run(None, {"x": x})[0]
-    runners, errors = {}, {}
-    for name in ("gemm", "direct"):
-        compiled = polyml_compile(path, work / name, cache=False, threads=threads, conv=name)
+    runners, errors, modes = {}, {}, {}
+    for name in variants:
+        compiled = polyml_compile(path, work / name, cache=False, threads=threads, **VARIANTS[name])
         errors[name] = rel_error(compiled.run({"x": x})["y"], ref)
         runners[name] = (lambda c=compiled: c.run({"x": x}))
+        conv = json.loads((work / name / "manifest.json").read_text())["functions"][0]
+        modes[name] = f"{conv['detail'].split()[-1]}/{conv['path']}"
     runners["onnxruntime"] = lambda: sess.run(None, {"x": x})
     times = benchmark.measure(runners, 2, repeat, block=block, settle_s=settle)
     oh, ow = (h + 2 * p - k) // s + 1, (w + 2 * p - k) // s + 1
     flop = 2.0 * m * c * k * k * oh * ow
-    row = {"shape": shape, "gflop": flop / 1e9, "max_rel_err": errors}
+    row = {"shape": shape, "gflop": flop / 1e9, "max_rel_err": errors, "modes": modes}
     for name, ts in times.items():
         row[name] = flop / statistics.median(ts) / 1e9
-    row["gemm/direct"] = row["gemm"] / row["direct"]
+    row["ratio"] = row[variants[0]] / row[variants[1]]
     return row
 
 
@@ -107,20 +120,24 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--repeat", type=int, default=10)
     ap.add_argument("--model", type=Path, default=None, help="take the conv shapes of this ONNX model")
+    ap.add_argument("--variants", default="gemm,direct", help=f"two or more of {', '.join(VARIANTS)}")
     ap.add_argument("--json", dest="json_file", default=None)
     benchmark.add_options(ap)
     args = ap.parse_args()
     shapes = model_convs(args.model) if args.model else RESNET50
+    variants = tuple(args.variants.split(","))
     rows = []
-    print(f"{'Cin':>5} {'HxW':>8} {'Cout':>5} {'k':>2} {'s':>2}  {'gemm':>7} {'direct':>7} {'ort':>7} GFLOP/s  gemm/direct  err")
+    print(f"{'Cin':>5} {'HxW':>8} {'Cout':>5} {'k':>2} {'s':>2}  " + " ".join(f"{v:>7}" for v in variants)
+          + f" {'ort':>7} GFLOP/s  {variants[0]}/{variants[1]}  err      lowerings")
     with tempfile.TemporaryDirectory() as tmp:
         for shape in shapes:
-            row = bench_shape(shape, args.threads, args.repeat, args.block, args.settle, Path(tmp))
+            row = bench_shape(shape, args.threads, args.repeat, args.block, args.settle, Path(tmp), variants)
             rows.append(row)
             c, h, w, m, k, s, _ = shape
             err = max(row["max_rel_err"].values())
-            print(f"{c:>5} {f'{h}x{w}':>8} {m:>5} {k:>2} {s:>2}  {row['gemm']:7.1f} {row['direct']:7.1f} "
-                  f"{row['onnxruntime']:7.1f}          {row['gemm/direct']:5.2f}     {err:.1e}", flush=True)
+            print(f"{c:>5} {f'{h}x{w}':>8} {m:>5} {k:>2} {s:>2}  " + " ".join(f"{row[v]:7.1f}" for v in variants)
+                  + f" {row['onnxruntime']:7.1f}          {row['ratio']:5.2f}     {err:.1e}  "
+                  + " ".join(row["modes"].values()), flush=True)
     if args.json_file:
         Path(args.json_file).write_text(json.dumps(rows, indent=1))
 

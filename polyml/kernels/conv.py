@@ -896,7 +896,7 @@ def _convolve_scheduled(k: KernelBuilder, plan: _Plan, scratch: Buffer | None) -
     f32p = ir.FloatType().as_pointer()
     operands = {"X": x, "Y": y, **({"Cb": bias} if bias is not None else {}),
                 **{f"R{t}": buf for t, (buf, _) in enumerate(extras or [])}}
-    nest = scheduled_conv.nest(shape, bias is not None, kinds if fused else ())
+    nest = scheduled_conv.nest(shape, bias is not None, kinds if fused else (), fused)
     k.nests += 1
     if plan.mode == "plain":
         arrays = {name: k.b.bitcast(buf.ptr, f32p) for name, buf in {**operands, "W": w}.items()}
@@ -905,10 +905,13 @@ def _convolve_scheduled(k: KernelBuilder, plan: _Plan, scratch: Buffer | None) -
         k.path = "plain"
         return fused
     sched = scheduled_plan(k.config, shape, k.parallel)
-    program, ast = scheduled_conv.built(sched, shape, bias is not None, kinds if fused else ())
+    # a bias and ReLU/Clip steps: applied in the FMA intrinsic's registers (E folded into it)
+    in_registers = register_epilogue(0 if bias is not None else None, chain if fused else None, extras or [])
+    program, ast = scheduled_conv.built(sched, shape, bias is not None, kinds if fused else (), fused,
+                                        in_registers is not None)
     arrays = {name: k.b.bitcast(buf.ptr, f32p) for name, buf in {**operands, "Ac": k.constants[0], "Bp": scratch}.items()}
     attrs = tuple(a for a in k.fn.attributes if a != "noinline")
-    fma, im2col = FmaTile(sched.blk, attrs), shape.im2col(sched.blk.nr)
+    fma, im2col = FmaTile(sched.blk, attrs, in_registers, "Cb"), shape.im2col(sched.blk.nr)
     Emitter(k.module, k.fn, k.b, _with_finish(program, k, bias is not None, chain if fused else None, extras or []),
             arrays, shape.sizes, {fma.name: fma, im2col.name: im2col}, attrs).emit(shape.sizes, ast)
     k.schedules.append(schedule_tree.text(program.tree))

@@ -7,7 +7,9 @@ in the AST gets the index expressions of its accesses from the build at that poi
 below it and its operands' addresses at the tile's origin (``after_each_mark``).  Walking the
 AST then emits: ``for`` → a counted loop (``parallel`` mark above it: the iterations split over
 OpenMP threads in an outlined worker), ``if`` → a branch, a user node → the statement's body on
-its element pointers, a ``tensorize`` mark → its intrinsic (:mod:`polyml.schedule.intrinsics`).
+its element pointers, a ``tensorize`` mark → its intrinsic (:mod:`polyml.schedule.intrinsics`),
+``unroll`` → the loops below fully unrolled, ``vectorize`` → the loops below vectorized by LLVM
+as they stand.
 """
 
 from __future__ import annotations
@@ -46,6 +48,10 @@ class TileBox:
     #: with ``init``: whether the tile holds the first step of its reduction (the statement's
     #: last dimension), where the intrinsic stores instead of accumulating
     starts: isl.AstExpr | None = None
+    #: the finishing statement folded into the intrinsic (``finish=``), and whether the tile
+    #: holds its reduction's last step, after which the intrinsic does that statement's work
+    finish: str = ""
+    ends: isl.AstExpr | None = None
 
 
 @dataclass
@@ -105,7 +111,7 @@ def ast_of(program: Program, params: Mapping[str, int] | None = None) -> tuple[i
             parsed = T.parse_tensorize(node.mark_get_id().get_name())
             if parsed is None:
                 return node
-            intrinsic, name, init = parsed
+            intrinsic, name, init, finish = parsed
             stmt = nest.statement(name)
             instances = _stmt_map(build, name)
             corner = isl.PwMultiAff.from_map(instances.lexmin())
@@ -117,11 +123,14 @@ def ast_of(program: Program, params: Mapping[str, int] | None = None) -> tuple[i
             n = box.dim(isl.dim_type.out)
             lo = [build.expr_from_pw_aff(box.dim_min(d)) for d in range(n)]
             hi = [build.expr_from_pw_aff(box.dim_max(d)) for d in range(n)]
-            starts = None
+            starts = ends = None
             if init:  # the tile holds its lines' first reduction step (the last dimension)
                 line_start = dom.subtract(dom.apply(_shift_last(dom)))
                 starts = build.expr_from_set(box.intersect_range(line_start).domain())
-            return node.set_annotation(payloads.add(TileBox(intrinsic, name, init, lo, hi, first, starts)))
+            if finish:  # ... or their last
+                line_end = dom.subtract(dom.apply(_shift_last(dom).reverse()))
+                ends = build.expr_from_set(box.intersect_range(line_end).domain())
+            return node.set_annotation(payloads.add(TileBox(intrinsic, name, init, lo, hi, first, starts, finish, ends)))
         except BaseException as e:
             payloads.error = payloads.error or e
             return node
@@ -274,14 +283,14 @@ class Emitter:
         ast, self.payloads = built or ast_of(self.program, params_fixed)
         self.node(ast)
 
-    def node(self, n: isl.AstNode, parallel: bool | int = False, unroll: bool = False) -> None:
+    def node(self, n: isl.AstNode, parallel: bool | int = False, unroll: bool = False, vector: bool = False) -> None:
         t = n.get_type()
         if t == isl.ast_node_type.block:
             children = n.block_get_children()
             for i in range(children.n_ast_node()):
-                self.node(children.get_at(i), unroll=unroll)
+                self.node(children.get_at(i), unroll=unroll, vector=vector)
         elif t == isl.ast_node_type.for_:
-            self._for(n, parallel, unroll)
+            self._for(n, parallel, unroll, vector)
         elif t == isl.ast_node_type.if_:
             self._if(n)
         elif t == isl.ast_node_type.user:
@@ -297,6 +306,8 @@ class Emitter:
                 self.node(child, parallel=threads or True)
             elif text == "unroll":
                 self.node(child, unroll=True)
+            elif text == "vectorize":
+                self.node(child, vector=True)
             elif T.parse_tensorize(text) is not None:
                 box: TileBox = self.payloads.of(n)
                 intrinsic = self.intrinsics.get(box.intrinsic)
@@ -336,15 +347,19 @@ class Emitter:
         step = int(n.for_get_inc().get_val().to_python())
         return it, lo, hi, step
 
-    def _for(self, n: isl.AstNode, parallel: bool | int, unroll: bool = False) -> None:
+    def _for(self, n: isl.AstNode, parallel: bool | int, unroll: bool = False, vector: bool = False) -> None:
         it, lo, hi, step = self._bounds(n)
         if parallel:
             self._parallel_for(n, it, lo, hi, step, 0 if parallel is True else int(parallel))
             return
-        hints = ("llvm.loop.unroll.full",) if unroll else ()
+        hints: tuple[str | tuple[str, int], ...] = ()
+        if unroll:
+            hints = ("llvm.loop.unroll.full",)
+        elif vector:  # vectorized itself: not unrolled first (LLVM would then vectorize the loop around it)
+            hints = (("llvm.loop.vectorize.enable", 1), "llvm.loop.unroll.disable")
         with counted_loop(self.b, lo, hi, f"{self.fn.name}.{it}", it, step, hints=hints) as iv:
             self.env[it] = iv
-            self.node(n.for_get_body(), unroll=unroll)
+            self.node(n.for_get_body(), unroll=unroll, vector=vector)
         del self.env[it]
 
     def _parallel_for(self, n: isl.AstNode, it: str, lo: ir.Value, hi: ir.Value, step: int, threads: int = 0) -> None:

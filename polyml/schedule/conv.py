@@ -115,10 +115,11 @@ def add_bias(b: ir.IRBuilder, ptrs) -> None:  # noqa: ANN001
 EXTRA_INDEX = {"channel": ("[m]", ("M",)), "element": ("[m, {j}]", ("M", "N")), "scalar": ("[0]", (1,))}
 
 
-def nest(shape: Shape, bias: bool = False, extras: tuple[str, ...] = ()) -> Nest:
+def nest(shape: Shape, bias: bool = False, extras: tuple[str, ...] = (), chain: bool = False) -> Nest:
     """The convolution of ``shape`` as its plain nest (see the module docstring).  ``bias``:
     E adds ``bias[m]``; ``extras``: E reads one more operand ``R<t>`` each (a fused chain's
-    inputs, :data:`EXTRA_INDEX`: ``channel``, ``element`` or ``scalar``)."""
+    inputs, :data:`EXTRA_INDEX`: ``channel``, ``element`` or ``scalar``); ``chain``: E applies
+    a fused chain (its body is bound when emitting).  No E without any of them."""
     (oh_, ow_), (kh_, kw_) = shape.out, shape.kernel
     c = shape.channels
     x_shape = (c, shape.n) if shape.pointwise else (c, *shape.size)
@@ -136,7 +137,7 @@ def nest(shape: Shape, bias: bool = False, extras: tuple[str, ...] = ()) -> Nest
                    Access("W", f"{PARAMS} -> {{ S[m, oh, ow, c, kh, kw] -> W[m, c, kh, kw] }}"),
                    Access("X", f"{PARAMS} -> {{ S[m, oh, ow, c, kh, kw] -> X[c, {shape.x_index('oh', 'ow', 'kh', 'kw')}] }}")),
                   _update, view=f"{PARAMS} -> {{ S[m, oh, ow, c, kh, kw] -> [{i}, {j}, {k}] }}")]
-    if bias or extras:
+    if bias or extras or chain:
         accesses = [Access("Y", f"{PARAMS} -> {{ E[m, oh, ow] -> {out} }}", "update")]
         if bias:
             arrays.append(Array("Cb", (shape.m,)))
@@ -155,9 +156,14 @@ def _keep(b: ir.IRBuilder, ptrs) -> None:  # noqa: ANN001, ARG001
     """E's body where only the kernel's chain (bound at emission) changes Y."""
 
 
-def schedule(p: Plan, shape: Shape, program: Program) -> Program:
+def schedule(p: Plan, shape: Shape, program: Program, copy_intrinsic: bool = True,
+             finish_in_registers: bool = False) -> Program:
     """The GEMM's BLIS schedule of the convolution ``program`` (:func:`nest` of ``shape``)
-    for the sizes of ``p`` (a plan with a constant A, reduction blocks of whole channels)."""
+    for the sizes of ``p`` (a plan with a constant A, reduction blocks of whole channels);
+    ``copy_intrinsic`` False: the im2col panels copied by the loops isl generates for the copy
+    statement (reading the padded input element by element) rather than by the intrinsic;
+    ``finish_in_registers``: E folded into the FMA intrinsic (a bias and ReLU/Clip applied to
+    the tile's registers: :func:`polyml.schedule.gemm.blis`)."""
     program = T.fold_init(program, "Z")
     i, j, k = shape._exprs()
     program = T.pack_constant(program, "S", "W", Array("Ac", (p.a_floats,)), p.a_layout("W[m, c, kh, kw]", i, k))
@@ -168,19 +174,20 @@ def schedule(p: Plan, shape: Shape, program: Program) -> Program:
     else:
         at = shape.x_index(f"floor(j/{ow_})", f"(j mod {ow_})", f"floor((k mod {taps})/{kw_})", f"(k mod {kw_})")
         source = f"{PARAMS} -> {{ B[k, j] -> X[floor(k/{taps}), {at}] }}"
-    copy_mark = "" if shape.pointwise else T.tensorize_text(shape.im2col(p.blk.nr).name, "Pack_Bp")
+    copy_mark = "" if shape.pointwise or not copy_intrinsic else T.tensorize_text(shape.im2col(p.blk.nr).name, "Pack_Bp")
 
     def pack_b(program: Program, node: isl.ScheduleNode, by_rows: bool) -> tuple[Program, isl.ScheduleNode]:
         return pack_panels(program, node, "X", "Bp", 3, "e1", "e0", p.blk.nr, "N",
                            "e1 - p1" if by_rows else "e1 - p0 - p1", "p2", 0, p, unroll=1, view=view, source=source,
-                           copy_mark=copy_mark)
+                           copy_mark=copy_mark, by_rows=shape.pointwise)
 
-    return blis(program, p, shape.view(), pack_b, None)
+    return blis(program, p, shape.view(), pack_b, None, finish_in_registers)
 
 
 @functools.lru_cache(maxsize=64)
-def built(p: Plan, shape: Shape, bias: bool = False, extras: tuple[str, ...] = ()) -> tuple[Program, object]:
+def built(p: Plan, shape: Shape, bias: bool = False, extras: tuple[str, ...] = (), chain: bool = False,
+          finish_in_registers: bool = False) -> tuple[Program, object]:
     """The scheduled program of :func:`nest` and its AST, once per distinct convolution (a
     CNN repeats a few shapes; E's body is bound per node when emitting)."""
-    program = schedule(p, shape, Program.of(nest(shape, bias, extras)))
+    program = schedule(p, shape, Program.of(nest(shape, bias, extras, chain)), finish_in_registers=finish_in_registers)
     return program, codegen.ast_of(program, shape.sizes)

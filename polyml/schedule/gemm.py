@@ -187,7 +187,8 @@ def _round_up(x: int, q: int) -> int:
 
 def pack_panels(program: Program, node: isl.ScheduleNode, array: str, buffer: str, n_prefix: int, along: str,
                 red: str, width: int, extent: str, rel: str, red_origin: str, at: int, p: Plan, unroll: int = 0,
-                view: str = "", source: str = "", copy_mark: str = "") -> tuple[Program, isl.ScheduleNode]:
+                view: str = "", source: str = "", copy_mark: str = "", by_rows: bool = False
+                ) -> tuple[Program, isl.ScheduleNode]:
     """S's operand ``array`` copied into ``width``-wide panels before ``node`` (:func:`T.pack`):
     the copy's element ``(e0, e1)`` has its panel axis in ``along`` (at ``rel`` from the block's
     start) and its reduction index in ``red`` (from ``red_origin``), and lands at
@@ -196,8 +197,10 @@ def pack_panels(program: Program, node: isl.ScheduleNode, array: str, buffer: st
     whole widths, reading the last element of the axis (``extent - 1``) there; the copy runs
     panel by panel, the reduction inside, the panel's ``width`` elements innermost (under an
     ``unroll`` mark with ``unroll``; with ``copy_mark``, each panel under that mark: a copy
-    intrinsic).  ``view``/``source``: the operand as S sees it (:func:`T.pack`), the copy's
-    elements ``V[e0, e1]``."""
+    intrinsic).  ``by_rows``: the copy runs reduction index by reduction index instead, each
+    one's run of the panel axis scattered over the panels (one contiguous stream of a
+    row-major operand where panel by panel reads ``kc`` lines of it).  ``view``/``source``: the
+    operand as S sees it (:func:`T.pack`), the copy's elements ``V[e0, e1]``."""
     ps = ", ".join(f"p{d}" for d in range(n_prefix))
     copy = f"Pack_{buffer}[{ps}, e0, e1]"
     held = isl.Map(view).get_tuple_name(isl.dim_type.out) if view else array
@@ -210,7 +213,8 @@ def pack_panels(program: Program, node: isl.ScheduleNode, array: str, buffer: st
              f"{copy} -> {held}{clamped} : {along} >= {extent} }}")
     inner, mark = (2, copy_mark) if copy_mark else (unroll, "unroll")
     return T.pack(program, node, "S", array, Array(buffer, (p.parts * p.thread_floats,)), layout, pad=pad, clamp=clamp,
-                  order=(f"floor({along}/{width})", red, f"{along} mod {width}"), inner=inner, inner_mark=mark,
+                  order=(red, f"floor({along}/{width})", f"{along} mod {width}") if by_rows
+                  else (f"floor({along}/{width})", red, f"{along} mod {width}"), inner=inner, inner_mark=mark,
                   view=view, source=source)
 
 
@@ -238,12 +242,16 @@ GEMM_VIEW = View((("S", "[i, j, k]", "i", "j", "k"), ("E", "[i, j]", "i", "j", "
 Packer = Callable[[Program, isl.ScheduleNode, bool], tuple[Program, isl.ScheduleNode]]
 
 
-def blis(program: Program, p: Plan, view: View, pack_b: Packer | None, pack_a: Packer | None) -> Program:
+def blis(program: Program, p: Plan, view: View, pack_b: Packer | None, pack_a: Packer | None,
+         finish_in_registers: bool = False) -> Program:
     """BLIS's loop nest on a GEMM-like ``program`` seen through ``view``: the band ``(i, j, k)``
     of S and E is strip-mined into thread shares, cache blocks and register tiles and permuted
     to ``(share, jc, pc, ic, jr, ir | i, j, k)`` (each tile's S, then its E), legality-checked;
     ``pack_b`` runs before the ``ic`` band, ``pack_a`` before the register tiles (None: a
-    constant operand, already in its layout); S's tile is tensorized onto ``fma.f32.<mr>x<nr>``."""
+    constant operand, already in its layout); S's tile is tensorized onto ``fma.f32.<mr>x<nr>``.
+    ``finish_in_registers``: E is folded into that intrinsic (:func:`T.fold_init`), which
+    applies it to the tile's registers after the last reduction step (a bias and ReLU/Clip:
+    :class:`polyml.codegen.gemm.RegisterEpilogue`) instead of E's pass over the stored tile."""
     nest_ = program.nest
     names = {s.name for s in nest_.statements}
     view = View(tuple(v for v in view.statements if v[0] in names))
@@ -271,6 +279,12 @@ def blis(program: Program, p: Plan, view: View, pack_b: Packer | None, pack_a: P
             node = node.parent()
     if not legality.is_legal(node.get_schedule(), legality.dependences(program.nest)):
         raise ValueError(f"GEMM schedule for {p}: the blocked band violates the nest's dependences")
+    fold = finish and finish_in_registers
+    if fold:  # legal with E after each tile's S: the intrinsic does E's work at that point
+        program = T.fold_init(program, "E")
+        node = isl.Schedule.from_domain(program.tree.get_domain()).get_root().child(0)
+        node = T.split(T.with_members(node, [share, j_c, k_c, i_c, *tiles, i_p, j_p, k_p]), [1, 2, 1, 2, 3])
+        finish = False
     if p.parts > 1:
         node = T.mark(node, f"parallel threads={p.parts}").child(0)
     node = node.child(0).child(0)  # the ic band, below (share) and (jc, pc)
@@ -280,9 +294,10 @@ def blis(program: Program, p: Plan, view: View, pack_b: Packer | None, pack_a: P
     if pack_a is not None:
         program, node = pack_a(program, node, by_rows)
     point = node.child(0)
-    if finish:  # the sequence: S's tile (tensorized), then E's
-        point = point.child(0).child(0)
-    node = T.mark(point, T.tensorize_text(FmaTile(blk).name, "S", init="Z"))
+    if finish:  # the sequence: S's tile (tensorized), then E's, its columns as vectors
+        finish_cols = T.mark(point.child(1).child(0).band_split(1).child(0), "vectorize")
+        point = finish_cols.parent().parent().parent().child(0).child(0)
+    node = T.mark(point, T.tensorize_text(FmaTile(blk).name, "S", init="Z", finish="E" if fold else ""))
     return Program(program.nest, node.get_schedule())
 
 

@@ -31,8 +31,14 @@ from polyml.codegen.builder import F32, I64
 
 @dataclass(frozen=True)
 class FmaTile:
+    """``epilogue``: what a folded finishing statement (``finish=`` on the mark) computes, a
+    bias of the tile's rows (read from ``bias``, indexed by the row) and ReLU/Clip steps,
+    applied to the registers after the tile's last reduction step."""
+
     blk: packed.Blocking
     attrs: tuple[str, ...] = ()
+    epilogue: packed.RegisterEpilogue | None = None
+    bias: str = ""
 
     @property
     def name(self) -> str:
@@ -50,19 +56,26 @@ class FmaTile:
         a_ptr = em.address(a_acc.array, box.first[roles["A"]])
         b_ptr = em.address(b_acc.array, box.first[roles["B"]])
         c_shape = em.program.nest.array(c_acc.array).shape
-        ldc = em.params[c_shape[1]] if isinstance(c_shape[1], str) else ir.Constant(I64, c_shape[1])
+        ldc = em.extent(c_shape[-1])
         if box.init:  # the first reduction step stores (the initialisation folded into it)
             accumulate = b.not_(em.condition(box.starts))
         else:
             accumulate = ir.Constant(ir.IntType(1), 1)
         mr, nr = self.blk.mr, self.blk.nr
-        ukernel = packed.micro_kernel(em.module, self.blk, list(self.attrs))
+        epi = self.epilogue if box.finish else None
+        if box.finish and epi is None:
+            raise ValueError(f"{self.name}: the mark folds {box.finish} into the tile, but no epilogue was given")
+        extra: list[ir.Value] = []  # the epilogue kernels' (bias of the first row, last step)
+        if epi is not None:
+            last = em.condition(box.ends)
+            extra = [em.address(self.bias, [box.lo[0]]) if epi.bias >= 0 else c_ptr, last]
+        ukernel = packed.micro_kernel(em.module, self.blk, list(self.attrs), epilogue=epi)
         # with the sizes known: the partial row panel's kernel (M mod mr rows, straight into C)
         # and the narrow kernels of the last column panel (N mod nr columns), as the packed
         # GEMM has them; any other partial tile runs the whole kernel into the stack tile
-        m_rows, n_cols = (_known(em, extent) for extent in c_shape)
-        short = packed.micro_kernel(em.module, replace(self.blk, mr=m_rows % mr), list(self.attrs), a_pitch=mr) \
-            if m_rows and m_rows % mr else None
+        m_rows, n_cols = (_known(em, extent) for extent in c_shape[-2:])
+        short = packed.micro_kernel(em.module, replace(self.blk, mr=m_rows % mr), list(self.attrs), a_pitch=mr,
+                                    epilogue=epi) if m_rows and m_rows % mr else None
         narrow_cols, narrow = packed.narrow_kernels(em.module, self.blk, list(self.attrs), 0, n_cols % nr) \
             if n_cols else (0, ())
 
@@ -74,9 +87,13 @@ class FmaTile:
 
         def into_tile(kernel: ir.Function) -> None:
             tile = em.stack_tile("fma.tile", mr * nr)
-            b.call(kernel, [kc, a_ptr, b_ptr, tile, const(nr), ir.Constant(ir.IntType(1), 0)])
+            no = ir.Constant(ir.IntType(1), 0)  # an epilogue kernel's epilogue waits for C (below)
+            b.call(kernel, [kc, a_ptr, b_ptr, tile, const(nr), no, *([extra[0], no] if kernel is ukernel and epi else [])])
             packed.add_edge_tile(b, tile, nr, c_addr, const(0), const(0), rows, cols, b.not_(accumulate),
                                  ir.Constant(F32, 0.0), b.fadd)
+            if epi is not None:  # the epilogue on the tile's part of C, element by element
+                with b.if_then(extra[1]):
+                    _edge_epilogue(b, epi, c_addr, extra[0] if epi.bias >= 0 else None, rows, cols)
 
         def edge() -> None:
             if not narrow:
@@ -91,7 +108,7 @@ class FmaTile:
         full = b.and_(b.icmp_signed("==", rows, const(mr)), b.icmp_signed("==", cols, const(nr)))
         with b.if_else(full) as (then, otherwise):
             with then:
-                b.call(ukernel, [kc, a_ptr, b_ptr, c_ptr, ldc, accumulate])
+                b.call(ukernel, [kc, a_ptr, b_ptr, c_ptr, ldc, accumulate, *extra])
             with otherwise:
                 if short is None:
                     edge()
@@ -100,9 +117,23 @@ class FmaTile:
                                          b.icmp_signed("==", cols, const(nr)))
                     with b.if_else(whole_width) as (short_tile, other):
                         with short_tile:
-                            b.call(short, [kc, a_ptr, b_ptr, c_ptr, ldc, accumulate])
+                            b.call(short, [kc, a_ptr, b_ptr, c_ptr, ldc, accumulate, *extra])
                         with other:
                             edge()
+
+
+def _edge_epilogue(b: ir.IRBuilder, epi: packed.RegisterEpilogue, c_addr, bias_rows: ir.Value | None,  # noqa: ANN001
+                   rows: ir.Value, cols: ir.Value) -> None:
+    """``epi`` on the ``rows × cols`` elements of C at ``c_addr`` (an edge tile, after its
+    last reduction step), each as a one-lane vector."""
+    one = ir.VectorType(F32, 1)
+    zero = ir.Constant(ir.IntType(32), 0)
+    with packed.for_range(b, 0, rows, name="fma.epi.r") as r:
+        bias = b.load(b.gep(bias_rows, [r], inbounds=True)) if bias_rows is not None else None
+        with packed.for_range(b, 0, cols, name="fma.epi.c") as c:
+            at = c_addr(r, c)
+            v = b.insert_element(ir.Constant(one, None), b.load(at), zero)
+            b.store(b.extract_element(epi.apply(b, v, bias), zero), at)
 
 
 def _known(em, extent: int | str) -> int:  # noqa: ANN001

@@ -16,8 +16,10 @@ Each says what it means in polyhedral terms; none checks legality by itself
 * :func:`fold_init` — drop an initialising statement whose work the first reduction step of a
   tensorized update does instead (the intrinsic stores rather than accumulates there);
 * :func:`mark` — a mark node above a subtree: ``parallel`` (OpenMP over the band's first
-  member), ``unroll`` (the loops below fully unrolled by LLVM) or ``tensorize <intrinsic> <statement> [init=<statement>]`` (the register tile below
-  is one call of a named intrinsic, :mod:`polyml.schedule.intrinsics`).
+  member), ``unroll`` (the loops below fully unrolled by LLVM), ``vectorize`` (the loops below
+  vectorized by LLVM as they stand) or ``tensorize <intrinsic> <statement> [init=<statement>]
+  [finish=<statement>]`` (the register tile below is one call of a named intrinsic,
+  :mod:`polyml.schedule.intrinsics`, which also does the folded statements' work on it).
 """
 
 from __future__ import annotations
@@ -101,22 +103,25 @@ def mark(node: isl.ScheduleNode, text: str) -> isl.ScheduleNode:
     return node.insert_mark(isl.Id(text))
 
 
-def tensorize_text(intrinsic: str, statement: str, init: str = "") -> str:
-    return f"tensorize {intrinsic} {statement}" + (f" init={init}" if init else "")
+def tensorize_text(intrinsic: str, statement: str, init: str = "", finish: str = "") -> str:
+    return f"tensorize {intrinsic} {statement}" + (f" init={init}" if init else "") + (f" finish={finish}" if finish else "")
 
 
-def parse_tensorize(text: str) -> tuple[str, str, str] | None:
-    """(intrinsic, statement, init) of a tensorize mark, None for other marks."""
+def parse_tensorize(text: str) -> tuple[str, str, str, str] | None:
+    """(intrinsic, statement, init, finish) of a tensorize mark, None for other marks."""
     words = text.split()
     if not words or words[0] != "tensorize" or len(words) < 3:
         return None
     init = next((w[5:] for w in words[3:] if w.startswith("init=")), "")
-    return words[1], words[2], init
+    finish = next((w[7:] for w in words[3:] if w.startswith("finish=")), "")
+    return words[1], words[2], init, finish
 
 
 def fold_init(program: Program, init: str) -> Program:
     """The tree without statement ``init`` (its domain removed): the tensorized update writes
-    its first reduction step instead of accumulating, which the mark records (``init=``)."""
+    its first reduction step instead of accumulating, which the mark records (``init=``).
+    The same for a finishing statement whose work the intrinsic does in registers after the
+    tile's last reduction step (``finish=``)."""
     keep = isl.UnionSet.empty(program.tree.get_domain().get_space())
     for s in program.nest.statements:
         if s.name != init:
