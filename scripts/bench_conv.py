@@ -3,7 +3,8 @@
 ``--variants`` names the builds compared (the first against the second): ``gemm`` (the GEMM on
 the im2col matrix packed on the fly, ``--conv gemm``: on the schedule path), ``packed`` (the
 same on the hand-written packed GEMM, ``--gemm packed``), ``direct`` (the register-blocked
-direct nests, ``--conv direct``), ``auto`` (the build's own choice per shape), ``plain``
+direct nests, ``--conv direct``), ``auto`` (the build's own choice per shape), ``hand`` (that
+choice with the hand-written packed GEMM, ``--gemm packed``), ``plain``
 (``--no-schedule``: the plain nest).
 
 Every distinct Conv of ResNet-50 (batch 1, 224x224) by default, or the convs of any ONNX model
@@ -81,7 +82,7 @@ def model_convs(path: Path) -> list[tuple[int, ...]]:
 
 #: each variant's build options
 VARIANTS = {"gemm": {"conv": "gemm"}, "packed": {"conv": "gemm", "gemm": "packed"}, "direct": {"conv": "direct"},
-            "auto": {}, "plain": {"schedule": False}}
+            "auto": {}, "hand": {"gemm": "packed"}, "plain": {"schedule": False}}
 
 
 def bench_shape(shape: tuple[int, ...], threads: int, repeat: int, block: int, settle: float, work: Path,

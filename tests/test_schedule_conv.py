@@ -178,3 +178,75 @@ def test_im2col_intrinsic_writes_what_the_copy_statement_means(shape: scheduled_
         scratch = np.full(plan.scratch_floats, np.nan, np.float32)
         conv(*(a.ctypes.data_as(fp) for a in (x, a_const, y, bias, scratch)))
         assert np.abs(y - ref).max() <= 1e-4 * max(1.0, np.abs(ref).max()), copy_intrinsic
+
+
+#: the build's own choice (``--conv auto``): Winograd's products and the ``rows`` tiles on the
+#: schedule path too — (case, the lowering the cost model picks)
+AUTO_CASES = [
+    ((64, 64, (28, 28), (3, 3), (1, 1), (1, 1, 1, 1), (1, 1), True, "residual"), "winograd"),
+    ((128, 128, (15, 13), (3, 3), (1, 1), (1, 1, 1, 1), (1, 1), True, "relu"), "winograd"),
+    ((512, 512, (7, 7), (3, 3), (1, 1), (1, 1, 1, 1), (1, 1), True, "residual"), "rows"),
+    ((256, 256, (14, 14), (3, 3), (2, 2), (1, 1, 1, 1), (1, 1), True, "relu"), "rows"),
+    ((512, 128, (7, 7), (1, 1), (1, 1), (0, 0, 0, 0), (1, 1), False, "scale"), "rows"),
+    ((96, 40, (11, 9), (3, 3), (2, 1), (1, 0, 1, 1), (1, 1), True, "clip"), "rows"),
+    ((128, 32, (16, 16), (1, 1), (1, 1), (0, 0, 0, 0), (1, 1), True, "relu"), "rows"),
+]
+
+
+@pytest.mark.parametrize("case,form", AUTO_CASES, ids=[f"{c[0]}-{c[1]}-{c[2][0]}-{c[3][0]}x{c[3][1]}-{f}"
+                                                       for c, f in AUTO_CASES])
+@pytest.mark.parametrize("threads", [1, 2])
+def test_winograd_and_rows_on_the_schedule_path(case: tuple, form: str, threads: int, tmp_path: Path) -> None:
+    """Winograd's α² products as the batched GEMM nest under its schedule, and the small-map
+    ``rows`` form as the convolution's nest tensorized onto ``rows.f32.<w>x32``: as onnxruntime
+    computes, the chain applied in the same function."""
+    model, feeds = _conv_model(*case)
+    errs = compile_and_compare(model, feeds, output_dir=tmp_path / "b", threads=threads)
+    assert errs and max(errs.values()) <= (1e-4 if form == "winograd" else 1e-5), errs
+    fns = json.loads((tmp_path / "b" / "manifest.json").read_text())["functions"]
+    conv = next(f for f in fns if f["op_type"] == "Conv")
+    if form == "rows" and threads == 1 and "winograd" in conv["detail"]:
+        pytest.skip("one thread: the cost model takes Winograd here")
+    assert conv["detail"].endswith(form) and conv["path"] == "schedule", conv
+    tree = conv["schedules"][0]
+    if form == "winograd":
+        assert "S[l, i, j, k]" in tree and "tensorize fma.f32." in tree
+    else:
+        assert "S[m, oh, ow, c, kh, kw]" in tree and "tensorize rows.f32." in tree
+    assert len(fns) == 1
+
+
+def test_batched_products_share_one_parallel_loop(tmp_path: Path) -> None:
+    """The batched GEMM schedule: three products cut into shares (more shares than threads),
+    a constant A laid out product by product, every size and remainder as numpy computes."""
+    blk = packed.blocking_for_host("")
+    for batch, m, n, k, a_constant in [(3, 200, 300, 70, False), (16, 64, 49, 64, True), (5, 13, 33, 7, True)]:
+        plan = scheduled_gemm.plan(m, n, k, blk, 2, a_constant=a_constant, batch=batch)
+        program, ast = scheduled_gemm.built(plan)
+        assert "S[l, i, j, k]" in T.text(program.tree)
+        module = ir.Module("batched")
+        f32p = ir.FloatType().as_pointer()
+        fn = ir.Function(module, ir.FunctionType(ir.VoidType(), [f32p] * 4), "g")
+        a, b, c, work = fn.args
+        builder = ir.IRBuilder(fn.append_basic_block("entry"))
+        fma = FmaTile(blk, ("nounwind",))
+        sizes = {"M": m, "N": n, "K": k}
+        codegen.Emitter(module, fn, builder, program, {"A": a, "Ac": a, "B": b, "C": c, "Ap": work, "Bp": work},
+                        sizes, {fma.name: fma}, ("nounwind",)).emit(sizes, ast)
+        builder.ret_void()
+        (tmp_path / "b.ll").write_text(str(module))
+        so = tmp_path / f"b{batch}.so"
+        subprocess.run([tool("clang"), "-O2", "-march=native", "-shared", "-fPIC", "-fopenmp=libgomp",
+                        str(tmp_path / "b.ll"), "-o", str(so)], check=True, capture_output=True)
+        lib = ctypes.CDLL(str(so))
+        fp = ctypes.POINTER(ctypes.c_float)
+        lib.g.argtypes = [fp] * 4
+        rng = np.random.default_rng(batch)
+        x = rng.standard_normal((batch, m, k), dtype=np.float32)
+        y = rng.standard_normal((batch, k, n), dtype=np.float32)
+        out = np.full((batch, m, n), np.nan, np.float32)
+        scratch = np.zeros(max(plan.scratch_floats, 1), np.float32)
+        operand = scheduled_gemm.constant_a(plan, x) if a_constant else x
+        lib.g(*(arr.ctypes.data_as(fp) for arr in (operand, y, out, scratch)))
+        ref = x.astype(np.float64) @ y.astype(np.float64)
+        assert np.abs(out - ref).max() <= 1e-4 * max(1.0, np.abs(ref).max()), (batch, m, n, k)

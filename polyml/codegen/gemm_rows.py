@@ -95,7 +95,7 @@ def prepack_weights(w: np.ndarray) -> np.ndarray:
     return np.ascontiguousarray(out.reshape(panels, CHANNELS, k).transpose(0, 2, 1)).ravel()
 
 
-def _micro_kernel(module: ir.Module, spec: RowsSpec, attrs: Sequence[str], stack: int = 1) -> ir.Function:
+def micro_kernel(module: ir.Module, spec: RowsSpec, attrs: Sequence[str], stack: int = 1) -> ir.Function:
     """``ukernel(k, src_row, offsets, panel, tile)``: the ``(stack·width) × 32`` tile over ``k``
     steps (step ``p`` broadcasts ``src_row[offsets[p] + ⌊r/width⌋·pitch + r mod width]`` for
     each tile row ``r``: ``stack`` output rows of ``width`` positions, and loads the panel's 32
@@ -168,8 +168,8 @@ def emit_rows(k: KernelBuilder, spec: RowsSpec, src: Buffer, weights: Buffer, op
     position, value)`` reads (``ops`` = their pointers, after src and weights); ``make_builder``
     as :attr:`polyml.codegen.gemm.GemmSpec.make_builder`."""
     attrs = [a for a in k.fn.attributes if a != "noinline"]
-    ukernel = _micro_kernel(k.module, spec, attrs)
-    stacked = _micro_kernel(k.module, spec, attrs, spec.stack) if spec.stack > 1 else ukernel
+    ukernel = micro_kernel(k.module, spec, attrs)
+    stacked = micro_kernel(k.module, spec, attrs, spec.stack) if spec.stack > 1 else ukernel
     positions = spec.stack * spec.width
     name = f"{k.fn.name}.rows{k.nests}"
     k.nests += 1

@@ -33,6 +33,7 @@ import copy
 import dataclasses
 import itertools
 import math
+import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -65,6 +66,7 @@ from polyml.kernels.winograd import convolve_winograd, transform_weights, winogr
 from polyml.options import CodegenConfig
 from polyml.schedule import conv as scheduled_conv
 from polyml.schedule import gemm as scheduled_gemm
+from polyml.schedule import layout
 from polyml.schedule import tree as schedule_tree
 from polyml.schedule.codegen import Emitter
 from polyml.schedule.intrinsics import FmaTile
@@ -735,6 +737,10 @@ class Conv(Kernel):
         if plan.mode == "schedule":  # the GEMM schedule's constant A
             sched = scheduled_plan(self.config, nest_shape(node, ins[0].type, ins[1].type, plan.win))
             return [scheduled_gemm.constant_a(sched, w.reshape(w.shape[0], -1))]
+        if plan.mode == "rows" and _rows_scheduled(self.config, node, ins[0].type, ins[1].type, plan):
+            shape = nest_shape(node, ins[0].type, ins[1].type, plan.win)
+            return [layout.evaluated(scheduled_conv.rows_layout(shape, flat=True), w.reshape(w.shape[0], -1),
+                                     -(-shape.m // scheduled_conv.ROW_CHANNELS) * scheduled_conv.ROW_CHANNELS * shape.k)]
         if plan.mode == "rows":
             from polyml.codegen.gemm_rows import prepack_weights
 
@@ -772,6 +778,8 @@ class Conv(Kernel):
             return _convolve_gemm(k, plan, src_temp)
         if plan.mode == "gemm_inplace":
             return _convolve_gemm(k, plan, src_temp, next(temps))
+        if plan.mode == "rows" and _rows_scheduled(k.config, k.node, k.in_types[0], k.in_types[1], plan):
+            return _convolve_rows_scheduled(k, plan, next(temps) if plan.planes is not None else None)
         if plan.mode == "rows":
             return _convolve_gemm(k, plan, None, next(temps) if plan.planes is not None else None)
         if plan.mode == "depthwise":
@@ -884,14 +892,9 @@ def _convolve_scheduled(k: KernelBuilder, plan: _Plan, scratch: Buffer | None) -
     shape = nest_shape(k.node, k.in_types[0], k.in_types[1], plan.win)
     chain = k.node.attrs.get("epilogue")
     extras = _fused_operands(k, y, shape.n) if chain else None
-    kinds: tuple[str, ...] = ()
-    if extras is not None:
-        for _, tt in extras:
-            channels, per = tt.shape[1], tt.shape[2]
-            if tt.dtype != "float32" or channels not in (1, shape.m) or (channels == 1 and per != 1):
-                extras = None
-                break
-            kinds += ("scalar" if channels == 1 else "channel" if per == 1 else "element",)
+    kinds = _chain_kinds(extras, shape.m) or ()
+    if _chain_kinds(extras, shape.m) is None:
+        extras = None
     fused = extras is not None
     f32p = ir.FloatType().as_pointer()
     operands = {"X": x, "Y": y, **({"Cb": bias} if bias is not None else {}),
@@ -914,6 +917,74 @@ def _convolve_scheduled(k: KernelBuilder, plan: _Plan, scratch: Buffer | None) -
     fma, im2col = FmaTile(sched.blk, attrs, in_registers, "Cb"), shape.im2col(sched.blk.nr)
     Emitter(k.module, k.fn, k.b, _with_finish(program, k, bias is not None, chain if fused else None, extras or []),
             arrays, shape.sizes, {fma.name: fma, im2col.name: im2col}, attrs).emit(shape.sizes, ast)
+    k.schedules.append(schedule_tree.text(program.tree))
+    return fused
+
+
+def _rows_scheduled(config: CodegenConfig, node: Node, x: TensorType, w: TensorType, plan: _Plan) -> bool:
+    """Whether a ``rows`` convolution runs as its nest under the rows schedule
+    (:func:`polyml.schedule.conv.rows_schedule`) rather than :func:`polyml.codegen.gemm_rows.emit_rows`."""
+    return config.schedule and nest_shape(node, x, w, plan.win) is not None
+
+
+def _chain_kinds(extras: list[tuple[Buffer, TensorType]] | None, m: int) -> tuple[str, ...] | None:
+    """How the finishing statement reads each fused operand (:data:`polyml.schedule.conv.EXTRA_INDEX`),
+    or None where one is neither per channel, per element nor a scalar (or not float32)."""
+    if extras is None:
+        return None
+    kinds: tuple[str, ...] = ()
+    for _, tt in extras:
+        channels, per = tt.shape[1], tt.shape[2]
+        if tt.dtype != "float32" or channels not in (1, m) or (channels == 1 and per != 1):
+            return None
+        kinds += ("scalar" if channels == 1 else "channel" if per == 1 else "element",)
+    return kinds
+
+
+def _convolve_rows_scheduled(k: KernelBuilder, plan: _Plan, planes: Buffer | None) -> bool:
+    """A ``rows`` convolution as its nest under the rows schedule: the source (x, or its phase
+    copy filled first) read in place by the ``rows.f32.<w>x32`` intrinsic, the weights in
+    32-channel panels laid out by :meth:`Conv.constants`, the bias and fused chain applied as
+    each tile is stored (E folded into the intrinsic).  True if the chain is applied so."""
+    from polyml.schedule.intrinsics import RowsTile
+
+    x, y = k.inputs[0], k.outputs[0]
+    bias = k.inputs[2] if len(k.inputs) > 2 else None
+    shape = nest_shape(k.node, k.in_types[0], k.in_types[1], plan.win)
+    spec = _rows_spec(plan, x.type, k.in_types[1])
+    src = plan.planes.fill(k, x, planes) if plan.planes is not None else x
+    size = plan.planes.size if plan.planes is not None else x.type.size
+    rows = scheduled_conv.Rows(spec.width, spec.rows, spec.pitch, spec.stack,
+                               None if plan.planes is None else (plan.planes.qh, plan.planes.qw), size)
+    chain = k.node.attrs.get("epilogue")
+    extras = _fused_operands(k, y, shape.n) if chain else None
+    kinds = _chain_kinds(extras, shape.m)
+    fused = kinds is not None
+    threads = (os.cpu_count() or 1) if k.parallel else 1
+    program, ast = scheduled_conv.rows_built(shape, rows, threads, bias is not None, kinds or (), fused)
+    f32p = ir.FloatType().as_pointer()
+    operands = {"P": src, "Wr": k.constants[0], "Y": y, **({"Cb": bias} if bias is not None else {}),
+                **{f"R{t}": buf for t, (buf, _) in enumerate(extras or []) if fused}}
+    arrays = {name: k.b.bitcast(buf.ptr, f32p) for name, buf in operands.items()}
+    acc = k.node.attrs.get("epilogue_acc")
+    n = shape.n
+
+    def finish(em, b: ir.IRBuilder, i: ir.Value, j: ir.Value, v: ir.Value) -> ir.Value:  # noqa: ANN001
+        if bias is not None:
+            v = b.fadd(v, b.load(b.gep(em.arrays["Cb"], [i], inbounds=True)))
+        if fused and chain:
+            sub = copy.copy(k)
+            sub.b, sub.fn = b, b.function
+            at = {"channel": i, "element": b.add(b.mul(i, ir.Constant(i.type, n)), j), "scalar": ir.Constant(i.type, 0)}
+            bufs = {buf.name: _Element(b, b.gep(em.arrays[f"R{t}"], [at[kind]], inbounds=True), buf.type.dtype)
+                    for t, ((buf, _), kind) in enumerate(zip(extras, kinds))}
+            v = evaluate_chain(sub, chain, {acc: v}, bufs, [])
+        return v
+
+    attrs = tuple(a for a in k.fn.attributes if a != "noinline")
+    tile = RowsTile(spec, attrs, finish)
+    k.nests += 1
+    Emitter(k.module, k.fn, k.b, program, arrays, shape.sizes, {tile.name: tile}, attrs).emit(shape.sizes, ast)
     k.schedules.append(schedule_tree.text(program.tree))
     return fused
 

@@ -252,30 +252,44 @@ def packed_product(k: KernelBuilder, spec: packed.GemmSpec, operands: Sequence[B
     packed.emit_gemm(k, spec, operands, c, scratch, blk, parts if k.parallel else 1)
 
 
-def scheduled_plan(config: CodegenConfig, m: int, n: int, kk: int, b_constant: bool, parallel: bool = True
-                   ) -> scheduled_gemm.Plan | None:
-    """The schedule's sizes for an ``m × n × kk`` product, or None where it stays on the
-    packed GEMM: ``--gemm packed``, or fewer rows than a register tile (a constant B with a
-    row or a few: the packed GEMM's short kernels compute only the rows that exist)."""
+def scheduled_plan(config: CodegenConfig, m: int, n: int, kk: int, b_constant: bool, parallel: bool = True,
+                   batch: int = 0, a_constant: bool = False) -> scheduled_gemm.Plan | None:
+    """The schedule's sizes for an ``m × n × kk`` product (``batch``: that many), or None where
+    it stays on the packed GEMM: ``--gemm packed``, too small, or fewer rows than a register
+    tile (a constant B with a row or a few: the packed GEMM's short kernels compute only the
+    rows that exist).  The threads as the packed GEMM's (:func:`packed_plan`, :func:`batched_plan`)."""
+    if not config.schedule:
+        return None
+    if batch:
+        bp = batched_plan(config, batch, m, n, kk, parallel)
+        if bp is None:
+            return None
+        threads = (os.cpu_count() or 1) if parallel and batch * m * n * kk >= PARALLEL_MIN_MACS else 1
+        return scheduled_gemm.plan(m, n, kk, bp.blk, threads, a_constant=a_constant, batch=batch)
     plan = packed_plan(config, m, n, kk, b_constant)
-    if not config.schedule or plan is None or m < plan[0].mr:
+    if plan is None or m < plan[0].mr:
         return None
     blk, parts = plan
-    return scheduled_gemm.plan(m, n, kk, blk, parts if parallel else 1, b_constant)
+    return scheduled_gemm.plan(m, n, kk, blk, parts if parallel else 1, b_constant, a_constant)
 
 
-def scheduled_scratch(config: CodegenConfig, m: int, n: int, kk: int, b_constant: bool) -> int:
+def scheduled_scratch(config: CodegenConfig, m: int, n: int, kk: int, b_constant: bool, batch: int = 0,
+                      a_constant: bool = False) -> int:
     """Floats of packing buffers :func:`scheduled_product` needs, threaded or not."""
-    return max(scheduled_plan(config, m, n, kk, b_constant, par).scratch_floats for par in (False, True))
+    return max(scheduled_plan(config, m, n, kk, b_constant, par, batch, a_constant).scratch_floats
+               for par in (False, True))
 
 
 def scheduled_product(k: KernelBuilder, operands: dict[str, Buffer], m: int, n: int, kk: int,
-                      b_constant: bool = False, **nest_args: object) -> None:
-    """The GEMM nest (:func:`polyml.schedule.gemm.nest` of ``nest_args``) under its BLIS
-    schedule, the register tiles on the FMA intrinsic; with ``--no-schedule``
-    (``config.plain_nests``) under its initial schedule instead, scalar bodies for ``opt -O3``.
-    ``operands`` binds its arrays: ``A``, ``B`` as stored or, for a constant B already in the
-    schedule's layout (:func:`polyml.schedule.gemm.constant_b`), ``Bc``, ``C``, a bias ``Cb``."""
+                      b_constant: bool = False, work: Buffer | None = None, a_constant: bool = False,
+                      **nest_args: object) -> None:
+    """The GEMM nest (:func:`polyml.schedule.gemm.nest` of ``nest_args``, a ``batch`` of
+    products among them) under its BLIS schedule, the register tiles on the FMA intrinsic; with
+    ``--no-schedule`` (``config.plain_nests``) under its initial schedule instead, scalar bodies
+    for ``opt -O3``.  ``operands`` binds its arrays: ``A``, ``B`` as stored or, for a constant
+    operand already in the schedule's layout (:func:`polyml.schedule.gemm.constant_b`,
+    :func:`~polyml.schedule.gemm.constant_a`), ``Bc`` / ``Ac``; ``C``; a bias ``Cb``.  ``work``:
+    the packing buffers (default: the kernel's first temp)."""
     f32p = ir.FloatType().as_pointer()
     arrays = {name: k.b.bitcast(buf.ptr, f32p) for name, buf in operands.items()}
     sizes = {"M": m, "N": n, "K": kk}
@@ -285,12 +299,13 @@ def scheduled_product(k: KernelBuilder, operands: dict[str, Buffer], m: int, n: 
                 {}).emit(sizes)
         k.path = "plain"
         return
-    plan = scheduled_plan(k.config, m, n, kk, b_constant, k.parallel)
+    batch = int(nest_args.pop("batch", 0) or 0)
+    plan = scheduled_plan(k.config, m, n, kk, b_constant, k.parallel, batch, a_constant)
     program, ast = scheduled_gemm.built(plan, **nest_args)
     attrs = tuple(x for x in k.fn.attributes if x != "noinline")
     fma = FmaTile(plan.blk, attrs)
-    work = k.b.bitcast(k.temps[0].ptr, f32p)
-    arrays.update({"Ap": work, **({} if b_constant else {"Bp": work})})
+    scratch = k.b.bitcast((work or k.temps[0]).ptr, f32p)
+    arrays.update({**({} if a_constant else {"Ap": scratch}), **({} if b_constant else {"Bp": scratch})})
     Emitter(k.module, k.fn, k.b, program, arrays, sizes, {fma.name: fma}, attrs).emit(sizes, ast)
     k.schedules.append(schedule_tree.text(program.tree))
 

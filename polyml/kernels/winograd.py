@@ -46,6 +46,7 @@ from polyml.kernels import _window
 from polyml.kernels._window import Window, affine, nest, padded_source
 from polyml.kernels.fused import evaluate_chain
 from polyml.options import CodegenConfig
+from polyml.schedule import gemm as scheduled_gemm
 
 F = Fraction
 #: the transform matrices (Bᵀ, G, Aᵀ) of F(m×m, 3×3), interpolation points 0, ±1 (, ±2), ∞
@@ -116,14 +117,32 @@ class WinogradPlan:
         return TensorType(self.pad_window.padded_shape((self.batch, self.c)))
 
     @property
+    def scheduled(self) -> bool:
+        """Whether the α² products run as the batched GEMM nest under its schedule
+        (:mod:`polyml.schedule.gemm`, ``U`` in its layout) rather than on the packed GEMM."""
+        from polyml.kernels.matmul import scheduled_plan
+
+        return scheduled_plan(self.config, self.k, self.t, self.c, False, batch=self.alpha ** 2, a_constant=True) \
+            is not None
+
+    def schedule_plan(self, parallel: bool = True):  # noqa: ANN201  (polyml.schedule.gemm.Plan)
+        from polyml.kernels.matmul import scheduled_plan
+
+        return scheduled_plan(self.config, self.k, self.t, self.c, False, parallel, self.alpha ** 2, True)
+
+    @property
     def sizes(self) -> dict[str, int]:
-        from polyml.kernels.matmul import batched_temps
+        from polyml.kernels.matmul import batched_temps, scheduled_scratch
 
         a2, (th, tw) = self.alpha ** 2, self.tiles
-        gemm = batched_temps(self.config, a2, self.k, self.t, self.c)
+        if self.scheduled:
+            gemm = scheduled_scratch(self.config, self.k, self.t, self.c, False, a2, True)
+        else:
+            temps = batched_temps(self.config, a2, self.k, self.t, self.c)
+            gemm = temps[0].size if temps else 0
         return {"xpad": self.xpad.size, "v": a2 * self.c * self.t, "m": a2 * self.k * self.t,
                 "ypad": self.k * th * self.m * tw * self.m if self.scalar_output and not self.exact else 0,
-                "gemm": gemm[0].size if gemm else 0}
+                "gemm": gemm}
 
     @property
     def scratch(self) -> TensorType:
@@ -216,6 +235,8 @@ def transform_weights(w: np.ndarray, plan: WinogradPlan) -> np.ndarray:
     _, g_mat, _ = MATRICES[plan.m]
     g = np.array(g_mat, np.float64)
     u = np.einsum("xi,kcij,yj->xykc", g, w.astype(np.float64), g)  # α, α, K, C
+    if plan.scheduled:  # the batched GEMM schedule's constant A
+        return scheduled_gemm.constant_a(plan.schedule_plan(), u.reshape(-1, plan.k, plan.c).astype(np.float32))
     blk = plan.blocking
     return np.concatenate([packed.prepack_a(u[i, j].astype(np.float32), blk) for i in range(plan.alpha)
                            for j in range(plan.alpha)])
@@ -373,7 +394,7 @@ def _sandwich(b: ir.IRBuilder, left: list[list[Fraction]], tile: list[list[ir.Va
 
 def convolve_winograd(k: KernelBuilder, plan: WinogradPlan, scratch: Buffer) -> bool:
     """Emit the four stages (module docstring) into ``k``; True: the fused chain was applied."""
-    from polyml.kernels.matmul import batched_product
+    from polyml.kernels.matmul import batched_product, scheduled_product
 
     x, y = k.inputs[0], k.outputs[0]
     bias = k.inputs[2] if len(k.inputs) > 2 else None
@@ -424,11 +445,15 @@ def convolve_winograd(k: KernelBuilder, plan: WinogradPlan, scratch: Buffer) -> 
                 for i in range(a):
                     for j in range(a):
                         v.store([i * a + j, c, tix], tv[i][j])
-        # M[ξν] = U[ξν] · V[ξν], α² products on the packed GEMM
-        spec = packed.GemmSpec(plan.k, t, plan.c, packed.matrix_loader(0, plan.c), packed.matrix_loader(1, t), 2,
-                               prepacked_a=True)
-        batched_product(k, spec, [u, v], mm, work, (a * a,),
-                        [[packed_weight_floats(plan)], [plan.c * t], [plan.k * t]])
+        # M[ξν] = U[ξν] · V[ξν], α² products: the batched GEMM nest under its schedule, or the packed GEMM
+        if plan.scheduled:
+            scheduled_product(k, {"Ac": u, "B": v, "C": mm}, plan.k, t, plan.c, work=work, a_constant=True,
+                              batch=a * a)
+        else:
+            spec = packed.GemmSpec(plan.k, t, plan.c, packed.matrix_loader(0, plan.c), packed.matrix_loader(1, t), 2,
+                                   prepacked_a=True)
+            batched_product(k, spec, [u, v], mm, work, (a * a,),
+                            [[packed_weight_floats(plan)], [plan.c * t], [plan.k * t]])
         # (Aᵀ M A)[p][q] of tile (ti, tj) is output (ti·m + p, tj·m + q): on vectors straight
         # into y; the scalar nest stores in y with the bias and chain when the tiles cover the
         # output exactly, else in Ypad, cropped with them

@@ -376,7 +376,10 @@ class Emitter:
                 **{f"p.{k}": v for k, v in self.params.items() if not isinstance(v, ir.Constant) and k != THREAD},
                 **{f"e.{k}": v for k, v in self.env.items()}}
         keys = list(live)
-        tag = f"{self.fn.name}.par{self._workers}"
+        tag = f"{self.fn.name}.spar{self._workers}"  # unique in the module (other emitters, parallel_loop)
+        while f"{tag}.body" in self.module.globals:
+            self._workers += 1
+            tag = f"{self.fn.name}.spar{self._workers}"
         self._workers += 1
         body = ir.Function(self.module, ir.FunctionType(ir.VoidType(), [*(live[k].type for k in keys), I64, I64, I64]),
                            f"{tag}.body")

@@ -24,13 +24,13 @@ the GEMM does, E fused into each register tile after its last reduction block.
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import islpy as isl
 import llvmlite.ir as ir
 
 from polyml.codegen.builder import F32
-from polyml.schedule import codegen
+from polyml.schedule import codegen, legality
 from polyml.schedule import tree as T
 from polyml.schedule.gemm import PARAMS, Plan, View, blis, pack_panels
 from polyml.schedule.intrinsics import Im2colPanel
@@ -190,4 +190,128 @@ def built(p: Plan, shape: Shape, bias: bool = False, extras: tuple[str, ...] = (
     """The scheduled program of :func:`nest` and its AST, once per distinct convolution (a
     CNN repeats a few shapes; E's body is bound per node when emitting)."""
     program = schedule(p, shape, Program.of(nest(shape, bias, extras, chain)), finish_in_registers=finish_in_registers)
+    return program, codegen.ast_of(program, shape.sizes)
+
+
+# -- output rows as register tiles (small maps) ------------------------------------------------
+
+#: output channels per rows tile (two AVX-512 vectors: :data:`polyml.codegen.gemm_rows.CHANNELS`)
+ROW_CHANNELS = 32
+
+
+@dataclass(frozen=True)
+class Rows:
+    """The rows form of a convolution (:mod:`polyml.codegen.gemm_rows`): output positions in
+    rows of ``width`` (the output's width, or for a 1x1 window without padding any width that
+    cuts the flat run of positions), ``stack`` rows per register tile, read from a source ``P``
+    — the input itself (``planes`` None: row ``r`` at ``pitch·r``) or its stride-phase copy
+    (``planes = (qh, qw)``: plane ``(c, kh·dh mod sh, kw·dw mod sw)`` of ``qh × qw``, pitch ``qw``)."""
+
+    width: int
+    rows: int
+    pitch: int
+    stack: int
+    planes: tuple[int, int] | None = None
+    #: floats of the source (the phase copy with its run-out, or the input)
+    size: int = 0
+
+    @property
+    def tiles(self) -> int:
+        return -(-self.rows // self.stack)
+
+
+def _row_exprs(shape: Shape, rows: Rows) -> tuple[str, str]:
+    """``(r, col)``: S's output position as the rows form's row and column."""
+    if rows.width == shape.out[1]:
+        return "oh", "ow"
+    j = f"({shape.out[1]}*oh + ow)"
+    return f"floor({j}/{rows.width})", f"({j} mod {rows.width})"
+
+
+def _source_offset(shape: Shape, rows: Rows) -> str:
+    """The source position of reduction row ``(c, kh, kw)`` (the phase planes' offsets)."""
+    if rows.planes is None:
+        return f"{shape.size[0] * shape.size[1]}*c"
+    (sh, sw), (dh, dw) = shape.strides, shape.dilations
+    qh, qw = rows.planes
+    return (f"{qh * qw}*(({sh}*c + ({dh}*kh) mod {sh})*{sw} + ({dw}*kw) mod {sw})"
+            f" + {qw}*floor({dh}*kh/{sh}) + floor({dw}*kw/{sw})")
+
+
+def rows_nest(shape: Shape, rows: Rows, bias: bool = False, extras: tuple[str, ...] = (), chain: bool = False) -> Nest:
+    """The convolution's nest (:func:`nest`) reading its source ``P`` (the input or its phase
+    copy, which holds the padding's zeros) in the rows form's terms: ``S[m, oh, ow, c, kh, kw]``
+    reads ``P[offset(c, kh, kw) + pitch·r + col]``; S's view is ``[m, r, col, k]``, the rows
+    intrinsic's iteration space."""
+    base = nest(shape, bias, extras, chain)
+    r, col = _row_exprs(shape, rows)
+    i, _, k = shape._exprs()
+    s = base.statement("S")
+    at = f"{_source_offset(shape, rows)} + {rows.pitch}*{r} + {col}"
+    accesses = tuple(Access("P", f"{PARAMS} -> {{ S[m, oh, ow, c, kh, kw] -> P[{at}] }}") if a.array == "X" else a
+                     for a in s.accesses)
+    view = f"{PARAMS} -> {{ S[m, oh, ow, c, kh, kw] -> [{i}, {r}, {col}, {k}] }}"
+    arrays = tuple(Array("P", (rows.size,)) if a.name == "X" else a for a in base.arrays)
+    return replace(base.with_statement(replace(s, accesses=accesses, view=view)), arrays=arrays)
+
+
+def rows_layout(shape: Shape, flat: bool = False) -> str:
+    """The weights' layout for the rows tiles: 32-channel panels, ``[panel][k][32]`` (zeros
+    past M); ``flat``: of the weights as an ``M × K`` matrix ``A[m, k]`` (as evaluated at
+    compile time)."""
+    c = ROW_CHANNELS
+    index, k = ("A[m, k]", "k") if flat else ("W[m, c, kh, kw]", shape._exprs()[2])
+    return f"{{ {index} -> Wr[{shape.k * c}*floor(m/{c}) + {c}*({k}) + m mod {c}] }}"
+
+
+def rows_schedule(shape: Shape, rows: Rows, program: Program, threads: int) -> Program:
+    """The rows form's schedule: the weights ``pack_constant``ed into 32-channel panels; one
+    band over the units ``⌊m/32⌋·tiles + ⌊r/stack⌋`` (a panel of channels × a tile of rows),
+    parallel over ``threads``; each unit's ``32 × stack·width × K`` block tensorized onto
+    ``rows.f32.<width>x32`` with Z and E folded into it (it stores the tile once, through E)."""
+    program = T.fold_init(program, "Z")
+    program = T.pack_constant(program, "S", "W", Array("Wr", (-(-shape.m // ROW_CHANNELS) * ROW_CHANNELS * shape.k,)),
+                              rows_layout(shape))
+    r, _ = _row_exprs(shape, rows)
+    unit = f"{rows.tiles}*floor(m/{ROW_CHANNELS}) + floor(({r})/{rows.stack})"
+    names = [s.name for s in program.nest.statements]
+    parts = [f"S[m, oh, ow, c, kh, kw] -> [({unit})]"] + ([f"E[m, oh, ow] -> [({unit})]"] if "E" in names else [])
+    band = isl.UnionPwAff(f"{PARAMS} -> {{ {'; '.join(parts)} }}")
+    i, _, k = shape._exprs()
+    col = _row_exprs(shape, rows)[1]
+    inner = {"S": ("[m, oh, ow, c, kh, kw]", (f"m mod {ROW_CHANNELS}", f"({r}) mod {rows.stack}", col, k)),
+             "E": ("[m, oh, ow]", (f"m mod {ROW_CHANNELS}", f"({r}) mod {rows.stack}", col))}
+
+    def tile(node: isl.ScheduleNode, name: str) -> isl.ScheduleNode:
+        tup, exprs = inner[name]
+        return T.with_members(node, [isl.UnionPwAff(f"{PARAMS} -> {{ {name}{tup} -> [({e})] }}") for e in exprs])
+
+    # legal: every output's reduction inside one unit, in order, E after it (checked with E in the tree)
+    node = T.with_members(isl.Schedule.from_domain(program.tree.get_domain()).get_root().child(0), [band])
+    if "E" in names:
+        filters = isl.UnionSetList.alloc(node.get_ctx(), 2)
+        for name, (tup, _) in inner.items():
+            filters = filters.add(isl.UnionSet(f"{PARAMS} -> {{ {name}{tup} }}"))
+        node = node.child(0).insert_sequence(filters)
+        node = tile(node.child(0).child(0), "S").parent().parent().child(1).child(0)
+        node = tile(node, "E").parent().parent().parent()
+    else:
+        node = tile(node.child(0), "S").parent()
+    if not legality.is_legal(node.get_schedule(), legality.dependences(program.nest)):
+        raise ValueError(f"rows schedule for {shape}: the unit band violates the nest's dependences")
+    program = T.fold_init(program, "E")
+    node = T.with_members(isl.Schedule.from_domain(program.tree.get_domain()).get_root().child(0), [band])
+    units = -(-shape.m // ROW_CHANNELS) * rows.tiles
+    if threads > 1 and units > 1:
+        node = T.mark(node, f"parallel threads={min(threads, units)}").child(0)
+    finish = "E" if "E" in names else ""
+    node = T.mark(tile(node.child(0), "S"), T.tensorize_text(f"rows.f32.{rows.width}x{ROW_CHANNELS}", "S", init="Z",
+                                                              finish=finish))
+    return Program(program.nest, node.get_schedule())
+
+
+@functools.lru_cache(maxsize=64)
+def rows_built(shape: Shape, rows: Rows, threads: int, bias: bool = False, extras: tuple[str, ...] = (),
+               chain: bool = False) -> tuple[Program, object]:
+    program = rows_schedule(shape, rows, Program.of(rows_nest(shape, rows, bias, extras, chain)), threads)
     return program, codegen.ast_of(program, shape.sizes)

@@ -49,21 +49,27 @@ def _update(b: ir.IRBuilder, ptrs) -> None:  # noqa: ANN001
 
 
 def nest(trans_a: bool = False, trans_b: bool = False, alpha: float = 1.0, bias: tuple[bool, bool] | None = None,
-         beta: float = 1.0) -> Nest:
+         beta: float = 1.0, batch: int = 0) -> Nest:
     """``C (M×N) = A (M×K) · B (K×N)``, row-major, sizes as parameters; ``trans_a``/``trans_b``:
     the operand is stored transposed (``A[k, i]``, ``B[j, k]``).  With ``alpha != 1`` or a
     ``bias`` (ONNX Gemm's ``C``, broadcast: whether it has rows and columns), a finishing
-    statement ``E[i, j]: C[i, j] = alpha · C[i, j] + beta · Cb[i?, j?]`` follows the product."""
+    statement ``E[i, j]: C[i, j] = alpha · C[i, j] + beta · Cb[i?, j?]`` follows the product.
+    ``batch``: that many independent products, a leading index ``l`` of every statement and
+    array (``S[l, i, j, k]: C[l, i, j] += A[l, i, k] · B[l, k, j]``; untransposed, no E)."""
+    if batch and (trans_a or trans_b or alpha != 1.0 or bias is not None):
+        raise ValueError("GEMM nest: a batch of products is untransposed and has no finishing statement")
     a_idx, a_shape = ("[k, i]", ("K", "M")) if trans_a else ("[i, k]", ("M", "K"))
     b_idx, b_shape = ("[j, k]", ("N", "K")) if trans_b else ("[k, j]", ("K", "N"))
-    arrays = [Array("A", a_shape), Array("B", b_shape), Array("C", ("M", "N"))]
+    lead, ix, dims = ((batch,), "l, ", f"0 <= l < {batch} and ") if batch else ((), "", "")
+    arrays = [Array("A", (*lead, *a_shape)), Array("B", (*lead, *b_shape)), Array("C", (*lead, "M", "N"))]
+    a_idx, b_idx = f"[{ix}{a_idx[1:]}", f"[{ix}{b_idx[1:]}"
     stmts = [
-        Statement("Z", f"{PARAMS} -> {{ Z[i, j] : 0 <= i < M and 0 <= j < N }}",
-                  (Access("C", f"{PARAMS} -> {{ Z[i, j] -> C[i, j] }}", "write"),), _zero),
-        Statement("S", f"{PARAMS} -> {{ S[i, j, k] : 0 <= i < M and 0 <= j < N and 0 <= k < K }}",
-                  (Access("C", f"{PARAMS} -> {{ S[i, j, k] -> C[i, j] }}", "update"),
-                   Access("A", f"{PARAMS} -> {{ S[i, j, k] -> A{a_idx} }}"),
-                   Access("B", f"{PARAMS} -> {{ S[i, j, k] -> B{b_idx} }}")), _update)]
+        Statement("Z", f"{PARAMS} -> {{ Z[{ix}i, j] : {dims}0 <= i < M and 0 <= j < N }}",
+                  (Access("C", f"{PARAMS} -> {{ Z[{ix}i, j] -> C[{ix}i, j] }}", "write"),), _zero),
+        Statement("S", f"{PARAMS} -> {{ S[{ix}i, j, k] : {dims}0 <= i < M and 0 <= j < N and 0 <= k < K }}",
+                  (Access("C", f"{PARAMS} -> {{ S[{ix}i, j, k] -> C[{ix}i, j] }}", "update"),
+                   Access("A", f"{PARAMS} -> {{ S[{ix}i, j, k] -> A{a_idx} }}"),
+                   Access("B", f"{PARAMS} -> {{ S[{ix}i, j, k] -> B{b_idx} }}")), _update)]
     if alpha != 1.0 or bias is not None:
         accesses = [Access("C", f"{PARAMS} -> {{ E[i, j] -> C[i, j] }}", "update")]
         if bias is not None:
@@ -108,6 +114,15 @@ class Plan:
     k: int = 0
     b_constant: bool = False
     a_constant: bool = False
+    #: a batch of this many products (0: one), and each product's thread shares (``parts`` is
+    #: then the number of threads, at most ``batch · shares``)
+    batch: int = 0
+    shares: int = 0
+
+    @property
+    def unit(self) -> int:
+        """The batch index's step in the parallel member: one product's shares, laid end to end."""
+        return max(self.shares, 1) * self.share
 
     @property
     def thread_floats(self) -> int:
@@ -131,12 +146,15 @@ class Plan:
         return (f"{{ B[k, j] -> Bc[{kc * self.n_pad}*floor(k/{kc}) + {nr * kc}*floor(j/{nr}) + {nr}*(k mod {kc})"
                 f" + j mod {nr}] }}")
 
-    def a_layout(self, index: str = "A[i, k]", i: str = "i", k: str = "k") -> str:
+    def a_layout(self, index: str = "", i: str = "i", k: str = "k") -> str:
         """A constant A's layout (``index``: the array's element, whose row is ``i`` and
-        reduction index ``k``): ``mr × kc`` panels, ``kc`` blocks of all ``M`` (padded to whole
-        panels) one after the other."""
+        reduction index ``k``; default ``A[i, k]``, batched ``A[l, i, k]``): ``mr × kc`` panels,
+        ``kc`` blocks of all ``M`` (padded to whole panels) one after the other, one product's
+        after another."""
         mr, kc = self.blk.mr, self.kc
-        return (f"{{ {index} -> Ac[{kc * self.m_pad}*floor(({k})/{kc}) + {mr * kc}*floor(({i})/{mr})"
+        index = index or ("A[l, i, k]" if self.batch else "A[i, k]")
+        lead = f"{self.a_floats}*l + " if self.batch else ""
+        return (f"{{ {index} -> Ac[{lead}{kc * self.m_pad}*floor(({k})/{kc}) + {mr * kc}*floor(({i})/{mr})"
                 f" + {mr}*(({k}) mod {kc}) + ({i}) mod {mr}] }}")
 
     @property
@@ -153,18 +171,31 @@ class Plan:
 
 
 def plan(m: int, n: int, k: int, blk: packed.Blocking, parts: int, b_constant: bool = False,
-         a_constant: bool = False, kc_step: int = 1) -> Plan:
+         a_constant: bool = False, kc_step: int = 1, batch: int = 0) -> Plan:
     """The sizes for an ``m × n × k`` product on ``parts`` threads: the packed GEMM's cost
     model (:mod:`polyml.codegen.gemm`), so both paths block alike; ``kc_step``: the reduction
-    blocks are multiples of it (a convolution's taps: whole input channels per block)."""
+    blocks are multiples of it (a convolution's taps: whole input channels per block).
+
+    ``batch``: that many products; each is cut into the number of shares ``p ≤ parts`` that
+    minimizes the busiest thread's work ``⌈batch·p/parts⌉ / p`` (ties: fewer shares), as the
+    packed GEMM's batches (:func:`polyml.kernels.matmul.batched_plan`)."""
     spec = packed.GemmSpec(m, n, k, packed.matrix_loader(0, k), packed.matrix_loader(1, n), 2, prepacked_b=b_constant,
                            prepacked_a=a_constant, kc_step=kc_step)
+    threads = parts
+    if batch:
+        def load(p: int) -> float:
+            d, sh = packed.split(spec, blk, p)
+            shares = -(-(m if d == "m" else n) // sh)
+            return -(-batch * shares // threads) / shares
+        parts = min(range(1, threads + 1), key=load)
     dim, share = packed.split(spec, blk, parts)
     kc = min(packed.block_kc(spec, blk), k)
     nc = min(packed.block_nc(spec, blk), _round_up(share if dim == "n" else n, blk.nr))
     total = m if dim == "m" else n
     count = -(-total // share)
-    return Plan(blk, kc, nc, dim, share, count, packed.rows_outer(spec, blk), m, n, k, b_constant, a_constant)
+    buffers = min(threads, batch * count) if batch else count
+    return Plan(blk, kc, nc, dim, share, buffers, packed.rows_outer(spec, blk), m, n, k, b_constant, a_constant,
+                batch, count)
 
 
 def constant_b(p: Plan, b: np.ndarray) -> np.ndarray:
@@ -175,9 +206,10 @@ def constant_b(p: Plan, b: np.ndarray) -> np.ndarray:
 
 
 def constant_a(p: Plan, a: np.ndarray) -> np.ndarray:
-    """A constant A (``m × k``) in :meth:`Plan.a_layout`, zeros in the padding."""
-    out = np.zeros(p.a_floats, dtype=np.float32)
-    out[layout.offsets(p.a_layout(), (p.m, p.k), {})] = a
+    """A constant A (``m × k``, batched ``batch × m × k``) in :meth:`Plan.a_layout`, zeros in
+    the padding."""
+    out = np.zeros(max(p.batch, 1) * p.a_floats, dtype=np.float32)
+    out[layout.offsets(p.a_layout(), (p.batch, p.m, p.k) if p.batch else (p.m, p.k), {})] = a
     return out
 
 
@@ -187,7 +219,7 @@ def _round_up(x: int, q: int) -> int:
 
 def pack_panels(program: Program, node: isl.ScheduleNode, array: str, buffer: str, n_prefix: int, along: str,
                 red: str, width: int, extent: str, rel: str, red_origin: str, at: int, p: Plan, unroll: int = 0,
-                view: str = "", source: str = "", copy_mark: str = "", by_rows: bool = False
+                view: str = "", source: str = "", copy_mark: str = "", by_rows: bool = False, batch: bool = False
                 ) -> tuple[Program, isl.ScheduleNode]:
     """S's operand ``array`` copied into ``width``-wide panels before ``node`` (:func:`T.pack`):
     the copy's element ``(e0, e1)`` has its panel axis in ``along`` (at ``rel`` from the block's
@@ -200,17 +232,23 @@ def pack_panels(program: Program, node: isl.ScheduleNode, array: str, buffer: st
     intrinsic).  ``by_rows``: the copy runs reduction index by reduction index instead, each
     one's run of the panel axis scattered over the panels (one contiguous stream of a
     row-major operand where panel by panel reads ``kc`` lines of it).  ``view``/``source``: the
-    operand as S sees it (:func:`T.pack`), the copy's elements ``V[e0, e1]``."""
+    operand as S sees it (:func:`T.pack`), the copy's elements ``V[e0, e1]``.  ``batch``: the
+    operand has a leading batch index, the copy's elements are ``[e0, e1, e2]`` (``along`` and
+    ``red`` name two of the last two)."""
     ps = ", ".join(f"p{d}" for d in range(n_prefix))
-    copy = f"Pack_{buffer}[{ps}, e0, e1]"
+    names = ["e0", "e1", "e2"] if batch else ["e0", "e1"]
+    copy = f"Pack_{buffer}[{ps}, {', '.join(names)}]"
     held = isl.Map(view).get_tuple_name(isl.dim_type.out) if view else array
     layout = (f"{LAYOUT_PARAMS} -> {{ {copy} -> {buffer}[T*{p.thread_floats} + {at} + "
               f"floor(({rel})/{width})*{p.kc * width} + ({red} - {red_origin})*{width} + ({rel}) mod {width}] }}")
-    pad = (f"{PARAMS} -> {{ {held}[a, b] -> {held}[a2, b] : floor(a2/{width}) = floor(a/{width}) }}" if along == "e0"
-           else f"{PARAMS} -> {{ {held}[a, b] -> {held}[a, b2] : floor(b2/{width}) = floor(b/{width}) }}")
-    clamped = f"[{extent} - 1, e1]" if along == "e0" else f"[e0, {extent} - 1]"
-    clamp = (f"{PARAMS} -> {{ {copy} -> {held}[e0, e1] : {along} < {extent}; "
-             f"{copy} -> {held}{clamped} : {along} >= {extent} }}")
+    lead = "l, " if batch else ""
+    first = along == names[-2]  # the panel axis is the operand's row index
+    pad = (f"{PARAMS} -> {{ {held}[{lead}a, b] -> {held}[{lead}a2, b] : floor(a2/{width}) = floor(a/{width}) }}" if first
+           else f"{PARAMS} -> {{ {held}[{lead}a, b] -> {held}[{lead}a, b2] : floor(b2/{width}) = floor(b/{width}) }}")
+    clamped = [*names]
+    clamped[names.index(along)] = f"{extent} - 1"
+    clamp = (f"{PARAMS} -> {{ {copy} -> {held}[{', '.join(names)}] : {along} < {extent}; "
+             f"{copy} -> {held}[{', '.join(clamped)}] : {along} >= {extent} }}")
     inner, mark = (2, copy_mark) if copy_mark else (unroll, "unroll")
     return T.pack(program, node, "S", array, Array(buffer, (p.parts * p.thread_floats,)), layout, pad=pad, clamp=clamp,
                   order=(red, f"floor({along}/{width})", f"{along} mod {width}") if by_rows
@@ -224,10 +262,11 @@ class View:
     tuple and the expressions of ``(i, j, k)`` in it (a finishing statement at ``k = K - 1``,
     its last reduction step)."""
 
-    statements: tuple[tuple[str, str, str, str, str], ...]  # (name, "[i, j, k]", i, j, k)
+    #: (name, "[i, j, k]", i, j, k), a batch of products also its batch index ``l``
+    statements: tuple[tuple[str, ...], ...]
 
     def member(self, program: Program, which: int) -> isl.UnionPwAff:
-        """``i`` (0), ``j`` (1) or ``k`` (2) as one band member over the statements."""
+        """``i`` (0), ``j`` (1), ``k`` (2) or the batch index (3) as one band member over the statements."""
         parts = [f"{name}{tup} -> [({exprs[which]})]" for name, tup, *exprs in self.statements]
         return isl.UnionPwAff(f"{PARAMS} -> {{ " + "; ".join(parts) + " }")
 
@@ -237,6 +276,7 @@ class View:
 
 
 GEMM_VIEW = View((("S", "[i, j, k]", "i", "j", "k"), ("E", "[i, j]", "i", "j", "K - 1")))
+BATCHED_VIEW = View((("S", "[l, i, j, k]", "i", "j", "k", "l"),))
 
 #: ``(program, node, by_rows) -> (program, node)``: an operand's pack before ``node``
 Packer = Callable[[Program, isl.ScheduleNode, bool], tuple[Program, isl.ScheduleNode]]
@@ -261,6 +301,8 @@ def blis(program: Program, p: Plan, view: View, pack_b: Packer | None, pack_a: P
     i, j, k = (view.member(program, w) for w in range(3))
     by_rows = p.split == "m"
     share, i_s, j_s = (T.origin(i, sh), T.offset(i, sh), j) if by_rows else (T.origin(j, sh), i, T.offset(j, sh))
+    if p.batch:  # one parallel member over every product's shares: l · unit + the share's origin
+        share = view.member(program, 3).scale_val(isl.Val(p.unit)).add(share)
     i_c, i_m = T.origin(i_s, mc), T.offset(i_s, mc)
     i_r, i_p = T.origin(i_m, mr), T.offset(i_m, mr)
     j_c, j_n = T.origin(j_s, nc), T.offset(j_s, nc)
@@ -304,29 +346,44 @@ def blis(program: Program, p: Plan, view: View, pack_b: Packer | None, pack_a: P
 def schedule(p: Plan, program: Program | None = None) -> Program:
     """The BLIS schedule of ``program`` (default: :func:`nest`) for the sizes of ``p`` (see
     the module docstring); a finishing statement E runs on each register tile after the
-    tile's last reduction block (fused into the tile loops)."""
-    program = T.fold_init(program or Program.of(nest()), "Z")
+    tile's last reduction block (fused into the tile loops).  With ``p.batch`` the products
+    of a batched nest, every product's shares one parallel loop; with ``p.a_constant`` A is
+    read in its compile-time layout (:func:`constant_a`)."""
+    program = T.fold_init(program or Program.of(nest(batch=p.batch)), "Z")
     nest_ = program.nest
     trans_a = "A[k, i]" in nest_.statement("S").accesses[1].relation
     trans_b = "B[j, k]" in nest_.statement("S").accesses[2].relation
     if p.b_constant:
-        if trans_b:
-            raise ValueError("GEMM schedule: a constant B is packed at compile time untransposed")
+        if trans_b or p.batch:
+            raise ValueError("GEMM schedule: a constant B is packed at compile time untransposed, unbatched")
         program = T.pack_constant(program, "S", "B", Array("Bc", (p.b_floats,)), p.b_layout)
+    if p.a_constant:
+        if trans_a:
+            raise ValueError("GEMM schedule: a constant A is packed at compile time untransposed")
+        program = T.pack_constant(program, "S", "A", Array("Ac", (max(p.batch, 1) * p.a_floats,)), p.a_layout())
     # per-thread buffers: thread t's at t · thread_floats, A's block first, then B's
-    a_at, b_at = 0, p.blk.mc * p.kc
+    a_at, b_at = 0, (0 if p.a_constant else p.blk.mc * p.kc)
+    lead = f" + {p.unit}*e0" if p.batch else ""  # the batch index's part of the parallel member
 
     def pack_b(program: Program, node: isl.ScheduleNode, by_rows: bool) -> tuple[Program, isl.ScheduleNode]:
-        col, red = ("e0", "e1") if trans_b else ("e1", "e0")  # B's kc × nc block in nr-wide panels
+        if p.batch:  # B[l, k, j]
+            col, red = "e2", "e1"
+        else:
+            col, red = ("e0", "e1") if trans_b else ("e1", "e0")  # B's kc × nc block in nr-wide panels
         return pack_panels(program, node, "B", "Bp", 3, col, red, p.blk.nr, "N",
-                           f"{col} - p1" if by_rows else f"{col} - p0 - p1", "p2", b_at, p)
+                           f"{col} - p1" if by_rows else f"{col} - p0{lead} - p1", "p2", b_at, p, batch=bool(p.batch))
 
     def pack_a(program: Program, node: isl.ScheduleNode, by_rows: bool) -> tuple[Program, isl.ScheduleNode]:
-        row, red = ("e1", "e0") if trans_a else ("e0", "e1")  # A's mc × kc block in mr-high panels
+        if p.batch:  # A[l, i, k]
+            row, red = "e1", "e2"
+        else:
+            row, red = ("e1", "e0") if trans_a else ("e0", "e1")  # A's mc × kc block in mr-high panels
         return pack_panels(program, node, "A", "Ap", 4, row, red, p.blk.mr, "M",
-                           f"{row} - p0 - p3" if by_rows else f"{row} - p3", "p2", a_at, p, unroll=1)
+                           f"{row} - p0{lead} - p3" if by_rows else f"{row} - p3", "p2", a_at, p, unroll=1,
+                           batch=bool(p.batch))
 
-    return blis(program, p, GEMM_VIEW, None if p.b_constant else pack_b, pack_a)
+    return blis(program, p, BATCHED_VIEW if p.batch else GEMM_VIEW, None if p.b_constant else pack_b,
+                None if p.a_constant else pack_a)
 
 
 @functools.lru_cache(maxsize=64)
@@ -335,5 +392,5 @@ def built(p: Plan, trans_a: bool = False, trans_b: bool = False, alpha: float = 
     """The scheduled program of :func:`nest` with these arguments and its AST at the plan's
     sizes (:func:`polyml.schedule.codegen.ast_of`), made once per distinct product: a model's
     layers repeat a few shapes, and isl's work is most of a scheduled product's lowering."""
-    program = schedule(p, Program.of(nest(trans_a, trans_b, alpha, bias, beta)))
+    program = schedule(p, Program.of(nest(trans_a, trans_b, alpha, bias, beta, p.batch)))
     return program, codegen.ast_of(program, {"M": p.m, "N": p.n, "K": p.k})

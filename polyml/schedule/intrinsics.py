@@ -17,15 +17,23 @@ its operands' addresses (:class:`~polyml.schedule.codegen.TileBox`).
   channels) and columns ``j0 + c``, zero where the window leaves the input — the copy statement
   of :func:`polyml.schedule.tree.pack` with a view, gathered through a table of source offsets
   (:func:`polyml.codegen.gemm.im2col_packer`).
+* ``rows.f32.<w>x32`` (:class:`RowsTile`): a convolution's unit of the rows form, 32 output
+  channels × one or two output rows of ``w`` positions × the whole reduction, the positions as
+  the register tile's rows (:mod:`polyml.codegen.gemm_rows`' micro-kernel: the source read in
+  place through a table of reduction-row offsets, the weights in 32-channel panels), transposed
+  in registers and stored through the folded finishing statement's work.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+import hashlib
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
 
 import llvmlite.ir as ir
 
 from polyml.codegen import gemm as packed
+from polyml.codegen import gemm_rows
 from polyml.codegen.builder import F32, I64
 
 
@@ -48,7 +56,8 @@ class FmaTile:
         b = em.b
         stmt = em.program.nest.statement(box.statement)
         roles = _roles(stmt)
-        (i0, j0, k0), (i1, j1, k1) = ([em.expr(e) for e in box.lo], [em.expr(e) for e in box.hi])
+        # the tile's (i, j, k) box: the last three dimensions (a batch index before them)
+        (i0, j0, k0), (i1, j1, k1) = ([em.expr(e) for e in box.lo[-3:]], [em.expr(e) for e in box.hi[-3:]])
         one = ir.Constant(I64, 1)
         rows, cols, kc = (b.add(b.sub(h, lo), one) for lo, h in ((i0, i1), (j0, j1), (k0, k1)))
         c_acc, a_acc, b_acc = (stmt.accesses[roles[r]] for r in ("C", "A", "B"))
@@ -68,7 +77,7 @@ class FmaTile:
         extra: list[ir.Value] = []  # the epilogue kernels' (bias of the first row, last step)
         if epi is not None:
             last = em.condition(box.ends)
-            extra = [em.address(self.bias, [box.lo[0]]) if epi.bias >= 0 else c_ptr, last]
+            extra = [em.address(self.bias, [box.lo[-3]]) if epi.bias >= 0 else c_ptr, last]
         ukernel = packed.micro_kernel(em.module, self.blk, list(self.attrs), epilogue=epi)
         # with the sizes known: the partial row panel's kernel (M mod mr rows, straight into C)
         # and the narrow kernels of the last column panel (N mod nr columns), as the packed
@@ -181,3 +190,87 @@ class Im2colPanel:
         pack = packed.im2col_packer(0, self.size, self.kernel, self.out_width, self.columns, self.strides,
                                     self.dilations, self.pads, self.nr)
         pack(b, [em.arrays[src.array]], em.address(dst.array, box.first[dst_at]), k0, kc, j0)
+
+
+@dataclass(frozen=True)
+class RowsTile:
+    """``spec``: the convolution's rows form (:class:`polyml.codegen.gemm_rows.RowsSpec`);
+    ``finish(em, b, i, j, v)``: the folded finishing statement's work on output element
+    ``(i, j)`` (channel, position) of value ``v``, reading its operands from ``em.arrays``."""
+
+    spec: gemm_rows.RowsSpec
+    attrs: tuple[str, ...] = ()
+    finish: Callable | None = field(default=None, compare=False)
+
+    @property
+    def name(self) -> str:
+        return f"rows.f32.{self.spec.width}x{gemm_rows.CHANNELS}"
+
+    def _offsets(self, module: ir.Module) -> ir.Value:
+        """The reduction rows' source offsets, a constant table (the last repeated for the
+        micro-kernel's prefetches past the end)."""
+        offsets = [int(o) for o in self.spec.offsets]
+        offsets += offsets[-1:] * gemm_rows.PREFETCH_AHEAD
+        name = "polyml.rows_offsets." + hashlib.sha256(repr(offsets).encode()).hexdigest()[:12]
+        table = module.globals.get(name)
+        if table is None:
+            kind = ir.ArrayType(ir.IntType(32), len(offsets))
+            table = ir.GlobalVariable(module, kind, name)
+            table.global_constant = True
+            table.linkage = "internal"
+            table.initializer = ir.Constant(kind, offsets)
+        return table
+
+    def lower(self, em, box) -> None:  # noqa: ANN001  (Emitter, TileBox)
+        b, spec = em.b, self.spec
+        stmt = em.program.nest.statement(box.statement)
+        roles = _roles(stmt)
+        c_acc, w_acc, p_acc = (stmt.accesses[roles[r]] for r in ("C", "A", "B"))
+        y_ptr = em.address(c_acc.array, box.first[roles["C"]])
+        bp = em.address(w_acc.array, box.first[roles["A"]])
+        src_row = em.address(p_acc.array, box.first[roles["B"]])
+        m0, r0 = em.expr(box.lo[0]), em.expr(box.lo[1])
+        channels = b.add(b.sub(em.expr(box.hi[0]), m0), ir.Constant(I64, 1))
+        rows = b.add(b.sub(em.expr(box.hi[1]), r0), ir.Constant(I64, 1))
+        plane = em.extent(em.program.nest.array(c_acc.array).shape[-1])
+        const = lambda v: ir.Constant(I64, v)  # noqa: E731
+        attrs = list(self.attrs)
+        single = gemm_rows.micro_kernel(em.module, spec, attrs)
+        stacked = gemm_rows.micro_kernel(em.module, spec, attrs, spec.stack) if spec.stack > 1 else single
+        positions = spec.stack * spec.width
+        ch_ = gemm_rows.CHANNELS
+        tile = em.stack_tile("rows.tile", positions * ch_)
+        tile_t = em.stack_tile("rows.tile_t", ch_ * gemm_rows.WIDTH)  # channel-major, 16 positions each
+        table = b.gep(self._offsets(em.module), [ir.Constant(ir.IntType(32), 0)] * 2, inbounds=True)
+        vec = ir.VectorType(F32, gemm_rows.WIDTH)
+        j0 = b.mul(r0, const(spec.width))
+
+        def per_tile(emit: Callable[[bool], None]) -> None:
+            if spec.stack == 1:
+                emit(False)
+                return
+            with b.if_else(b.icmp_signed("==", rows, const(spec.stack))) as (then, otherwise):
+                with then:
+                    emit(True)
+                with otherwise:
+                    emit(False)
+
+        per_tile(lambda whole: b.call(stacked if whole else single, [const(spec.k), src_row, table, bp, tile]))
+        for v in range(ch_ // gemm_rows.WIDTH):  # 16 channels x positions -> per-channel runs
+            loaded = [b.load(b.bitcast(b.gep(tile, [const(r * ch_ + v * gemm_rows.WIDTH)], inbounds=True),
+                                       vec.as_pointer()), align=4) for r in range(positions)]
+            loaded += [ir.Constant(vec, [0.0] * gemm_rows.WIDTH)] * (gemm_rows.WIDTH - positions)
+            for c, row in enumerate(gemm_rows.transpose16(b, loaded)):
+                b.store(row, b.bitcast(b.gep(tile_t, [const((v * gemm_rows.WIDTH + c) * gemm_rows.WIDTH)],
+                                             inbounds=True), vec.as_pointer()), align=4)
+
+        def store(count: int) -> None:
+            with packed.for_range(b, 0, channels, name="rows.ch") as ch:
+                dst = b.gep(y_ptr, [b.mul(ch, plane)], inbounds=True)
+                with packed.for_range(b, 0, count, name="rows.ow") as ow:
+                    v = b.load(b.gep(tile_t, [b.add(b.mul(ch, const(gemm_rows.WIDTH)), ow)], inbounds=True))
+                    if box.finish and self.finish is not None:
+                        v = self.finish(em, b, b.add(m0, ch), b.add(j0, ow), v)
+                    b.store(v, b.gep(dst, [ow], inbounds=True))
+
+        per_tile(lambda whole: store(positions if whole else spec.width))

@@ -69,3 +69,11 @@ def _offsets(layout: str, shape: tuple[int, ...], params_items: tuple[tuple[str,
     if np.any(num % den):
         raise ValueError(f"layout {layout}: not integral on the array")
     return num // den
+
+
+def evaluated(layout: str, array: np.ndarray, floats: int, params: Mapping[str, int] | None = None) -> np.ndarray:
+    """``array`` copied into a buffer of ``floats`` zeros at ``layout`` (a constant operand in
+    the layout a schedule reads it in, :func:`polyml.schedule.tree.pack_constant`)."""
+    out = np.zeros(floats, dtype=np.float32)
+    out[offsets(layout, array.shape, params or {})] = array
+    return out
