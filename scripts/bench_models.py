@@ -4,7 +4,9 @@ per-layer comparisons behind the kernel choices.
 ``table``: every model at each thread count, polyml / onnxruntime / OpenVINO medians of
 alternating blocks in one process (:func:`polyml.benchmark.measure`, the method of ``polyml
 bench``), the ratios polyml/peer, polyml's error against onnxruntime (max|Δ|/max|ref|), and
-the geometric mean of each ratio per thread count.  Models: the nine light CNNs of the onnx
+the geometric mean of each ratio per thread count.  Peer ``hand``: polyml built with
+``--gemm packed`` (the hand-written packed GEMM instead of the schedules), for the schedule
+path's ratio to it.  Models: the nine light CNNs of the onnx
 wheel with seeded random weights (:func:`polyml.testing.randomize_weights`), torchvision
 ``efficientnet_b0`` and ``mobilenet_v2`` (random weights, ``torch.onnx.export`` opset 17,
 exported with ``--torch-python`` if missing), and the Keras MobileNetV2 frozen ``.pb``
@@ -13,7 +15,7 @@ conversion next to it, ``build/tf/mobilenet_v2_224.onnx``, if present, OpenVINO 
 
     .venv/bin/python scripts/bench_models.py table --threads 1,2 --repeat 20 \\
         --work build/models --torch-python /work/torchenv/bin/python --keras build/tf/mobilenet_v2_224.pb \\
-        [--models squeezenet,efficientnet_b0] [--peers onnxruntime,openvino] [--json out.json]
+        [--models squeezenet,efficientnet_b0] [--peers onnxruntime,openvino,hand] [--json out.json]
 
 ``layers``: single-node convolutions (with the activation of the model they come from) built
 with the new kernel paths (``conv=auto``) and with the old nests (``conv=direct``), next to
@@ -96,6 +98,10 @@ def bench_model(path: Path, threads: int, peers: list[str], repeat: int, timing:
             runners[p] = onnxruntime_runner(ort_path, threads, ort_feeds)
         elif p == "openvino":
             runners[p] = openvino_runner(path, threads, feeds)
+        elif p == "hand":  # polyml with the hand-written packed GEMM (--gemm packed) instead of the schedules
+            hand = polyml_compile(path, work / f"{path.stem}.t{threads}.hand", threads=threads, input_shapes=shapes,
+                                  gemm="packed")
+            runners[p] = lambda hand=hand: hand.run(feeds)
     got = compiled.run(feeds)
     if "onnxruntime" in runners:
         # outputs matched by name (a tf2onnx conversion appends ':0'), every one compared

@@ -494,7 +494,7 @@ def test_pointwise_gemm_prefetches_packed_rows(tmp_path) -> None:
     model = node_model("Conv", {"x": (1, 96, 20, 20)}, initializers={"w": w, "b": b})
     path = tmp_path / "pw.onnx"
     onnx.save(model, str(path))
-    polyml_compile(path, tmp_path / "build", emit=["ll"], conv="gemm", cache=False, threads=1)
+    polyml_compile(path, tmp_path / "build", emit=["ll"], conv="gemm", gemm="packed", cache=False, threads=1)
     opt = "".join(p.read_text() for p in (tmp_path / "build").glob("ops.off*.opt.ll"))
     bodies = re.findall(r"^define [^@]*@\"?[\w.]*\.gemm\d+\"?\(.*?^}", opt, re.M | re.S)
     assert len(bodies) == 1 and "@llvm.prefetch" in bodies[0]

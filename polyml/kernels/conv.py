@@ -316,7 +316,9 @@ def _plan(config: CodegenConfig, node: Node, x: TensorType, w: TensorType, const
             nr = packed.blocking_for_host(config.gemm_blocking).nr
             planes = PhasePlanes(x.shape[1], win, nr, row_align(win, nr))
             return _Plan("gemm_inplace", win, packed_temps(config, m, planes.columns, kk)[0], planes=planes)
-        if constant_w and shape is not None and scheduled_plan(config, shape) is not None:
+        # (a folded input scale on a 1x1 window: the packed GEMM scales x as it packs B)
+        if (constant_w and shape is not None and scheduled_plan(config, shape) is not None
+                and not ("input_scale" in node.attrs and win.pointwise)):
             floats = max(scheduled_plan(config, shape, par).scratch_floats for par in (False, True))
             return _Plan("schedule", win, TensorType((floats,)))
         return _Plan("gemm", win, scratch)

@@ -185,6 +185,10 @@ class Im2colPanel:
         if not dst.writes or not src.reads:
             raise ValueError(f"im2col: statement {stmt.name} is not a copy")
         b = em.b
+        if b.block is b.function.entry_basic_block:  # the packer allocates at the entry's start
+            start = b.function.append_basic_block("im2col.start")
+            b.branch(start)
+            b.position_at_end(start)
         k0, k1, j0 = em.expr(box.lo[-2]), em.expr(box.hi[-2]), em.expr(box.lo[-1])
         kc = b.add(b.sub(k1, k0), ir.Constant(I64, 1))
         pack = packed.im2col_packer(0, self.size, self.kernel, self.out_width, self.columns, self.strides,
