@@ -365,25 +365,30 @@ def schedule(p: Plan, program: Program | None = None) -> Program:
     a_at, b_at = 0, (0 if p.a_constant else p.blk.mc * p.kc)
     lead = f" + {p.unit}*e0" if p.batch else ""  # the batch index's part of the parallel member
 
-    def pack_b(program: Program, node: isl.ScheduleNode, by_rows: bool) -> tuple[Program, isl.ScheduleNode]:
-        if p.batch:  # B[l, k, j]
-            col, red = "e2", "e1"
+    def packer(array: str) -> Packer:
+        """A's ``mc × kc`` block into ``mr``-high panels (before the tiles), B's ``kc × nc``
+        block into ``nr``-wide ones (before ``ic``): the panel axis, the reduction index (the
+        copy's element ``[l,] e..``, transposed where stored so) and the axis's start."""
+        a = array == "A"
+        if p.batch:  # A[l, i, k], B[l, k, j]
+            along, red = ("e1", "e2") if a else ("e2", "e1")
+        elif a:
+            along, red = ("e1", "e0") if trans_a else ("e0", "e1")
         else:
-            col, red = ("e0", "e1") if trans_b else ("e1", "e0")  # B's kc × nc block in nr-wide panels
-        return pack_panels(program, node, "B", "Bp", 3, col, red, p.blk.nr, "N",
-                           f"{col} - p1" if by_rows else f"{col} - p0{lead} - p1", "p2", b_at, p, batch=bool(p.batch))
+            along, red = ("e0", "e1") if trans_b else ("e1", "e0")
+        # the share's origin (p0, less the batch index's part) where the shares cut this axis
+        shared = f" - p0{lead}"
+        prefix, block = (4, "p3") if a else (3, "p1")
 
-    def pack_a(program: Program, node: isl.ScheduleNode, by_rows: bool) -> tuple[Program, isl.ScheduleNode]:
-        if p.batch:  # A[l, i, k]
-            row, red = "e1", "e2"
-        else:
-            row, red = ("e1", "e0") if trans_a else ("e0", "e1")  # A's mc × kc block in mr-high panels
-        return pack_panels(program, node, "A", "Ap", 4, row, red, p.blk.mr, "M",
-                           f"{row} - p0{lead} - p3" if by_rows else f"{row} - p3", "p2", a_at, p, unroll=1,
-                           batch=bool(p.batch))
+        def pack(program: Program, node: isl.ScheduleNode, by_rows: bool) -> tuple[Program, isl.ScheduleNode]:
+            rel = f"{along}{shared if by_rows == a else ''} - {block}"
+            return pack_panels(program, node, array, f"{array}p", prefix, along, red, p.blk.mr if a else p.blk.nr,
+                               "M" if a else "N", rel, "p2", a_at if a else b_at, p, unroll=1 if a else 0,
+                               batch=bool(p.batch))
+        return pack
 
-    return blis(program, p, BATCHED_VIEW if p.batch else GEMM_VIEW, None if p.b_constant else pack_b,
-                None if p.a_constant else pack_a)
+    return blis(program, p, BATCHED_VIEW if p.batch else GEMM_VIEW, None if p.b_constant else packer("B"),
+                None if p.a_constant else packer("A"))
 
 
 @functools.lru_cache(maxsize=64)
