@@ -26,6 +26,7 @@ weight panel once for all its rows.  Rows of at most 7 positions are stacked two
 
 from __future__ import annotations
 
+import hashlib
 import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -161,6 +162,35 @@ def transpose16(b: ir.IRBuilder, rows: list[ir.Value]) -> list[ir.Value]:
     return rows
 
 
+def offsets_table(module: ir.Module, spec: RowsSpec) -> ir.GlobalVariable:
+    """The reduction rows' source offsets as a constant table of ``module`` (the last one
+    repeated for the micro-kernel's prefetches past the last step), one per distinct table."""
+    offsets = [int(o) for o in spec.offsets]
+    offsets += offsets[-1:] * PREFETCH_AHEAD
+    name = "polyml.rows_offsets." + hashlib.sha256(repr(offsets).encode()).hexdigest()[:12]
+    table = module.globals.get(name)
+    if table is None:
+        kind = ir.ArrayType(ir.IntType(32), len(offsets))
+        table = ir.GlobalVariable(module, kind, name)
+        table.global_constant = True
+        table.linkage = "internal"
+        table.initializer = ir.Constant(kind, offsets)
+    return table
+
+
+def transpose_tile(b: ir.IRBuilder, tile: ir.Value, tile_t: ir.Value, positions: int) -> None:
+    """The micro-kernel's ``positions × 32`` tile (row-major) into ``tile_t``, channel-major
+    with 16 positions per channel (those past ``positions`` zero), in registers."""
+    vec = ir.VectorType(F32, WIDTH)
+    for v in range(CHANNELS // WIDTH):  # 16 channels x positions -> per-channel runs
+        loaded = [b.load(b.bitcast(b.gep(tile, [_c(r * CHANNELS + v * WIDTH)], inbounds=True), vec.as_pointer()),
+                         align=4) for r in range(positions)]
+        loaded += [ir.Constant(vec, [0.0] * WIDTH)] * (WIDTH - positions)
+        for c, row in enumerate(transpose16(b, loaded)):
+            b.store(row, b.bitcast(b.gep(tile_t, [_c((v * WIDTH + c) * WIDTH)], inbounds=True), vec.as_pointer()),
+                    align=4)
+
+
 def emit_rows(k: KernelBuilder, spec: RowsSpec, src: Buffer, weights: Buffer, operands: Sequence[Buffer], y: Buffer,
               epilogue: Epilogue | None, make_builder: Callable[[ir.Function], ir.IRBuilder] | None = None) -> None:
     """``y`` (``m`` channel planes of ``rows·width`` positions) from ``src`` (the input or its
@@ -173,13 +203,7 @@ def emit_rows(k: KernelBuilder, spec: RowsSpec, src: Buffer, weights: Buffer, op
     positions = spec.stack * spec.width
     name = f"{k.fn.name}.rows{k.nests}"
     k.nests += 1
-    offsets = [int(o) for o in spec.offsets]
-    offsets += offsets[-1:] * PREFETCH_AHEAD  # the micro-kernel's prefetches past the last step
-    table_type = ir.ArrayType(ir.IntType(32), len(offsets))
-    table = ir.GlobalVariable(k.module, table_type, f"{name}.offsets")
-    table.global_constant = True
-    table.linkage = "internal"
-    table.initializer = ir.Constant(table_type, offsets)
+    table = offsets_table(k.module, spec)
 
     nops = 2 + len(operands)
     fn = _function(k.module, name, [F32P] * (nops + 1) + [I64, I64], attrs, True)
@@ -193,7 +217,6 @@ def emit_rows(k: KernelBuilder, spec: RowsSpec, src: Buffer, weights: Buffer, op
     # the tile transposed: channel-major, 16 positions per channel (those past width unused)
     tile_t = b.alloca(ir.ArrayType(F32, CHANNELS * WIDTH), name="tile_t")
     tile_tp = b.bitcast(tile_t, F32P)
-    vec = ir.VectorType(F32, WIDTH)
     plane = spec.rows * spec.width
     with for_range(b, u0, u1, name="unit") as u:
         panel = b.udiv(u, _c(spec.tiles))
@@ -215,13 +238,7 @@ def emit_rows(k: KernelBuilder, spec: RowsSpec, src: Buffer, weights: Buffer, op
                     emit(False)
 
         per_tile(lambda whole: b.call(stacked if whole else ukernel, [_c(spec.k), src_row, rows_at, bp, tile_p]))
-        for v in range(CHANNELS // WIDTH):  # 16 channels x positions -> per-channel runs
-            loaded = [b.load(b.bitcast(b.gep(tile_p, [_c(r * CHANNELS + v * WIDTH)], inbounds=True), vec.as_pointer()),
-                             align=4) for r in range(positions)]
-            loaded += [ir.Constant(vec, [0.0] * WIDTH)] * (WIDTH - positions)
-            for c, row in enumerate(transpose16(b, loaded)):
-                b.store(row, b.bitcast(b.gep(tile_tp, [_c((v * WIDTH + c) * WIDTH)], inbounds=True), vec.as_pointer()),
-                        align=4)
+        transpose_tile(b, tile_p, tile_tp, positions)
         ch0 = b.mul(panel, _c(CHANNELS))
         channels = _min(b, _c(CHANNELS), b.sub(_c(spec.m), ch0))
         pos0 = b.mul(oh, _c(spec.width))  # the tile's rows are consecutive positions in y

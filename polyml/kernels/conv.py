@@ -317,10 +317,9 @@ def _plan(config: CodegenConfig, node: Node, x: TensorType, w: TensorType, const
             planes = PhasePlanes(x.shape[1], win, nr, row_align(win, nr))
             return _Plan("gemm_inplace", win, packed_temps(config, m, planes.columns, kk)[0], planes=planes)
         # (a folded input scale on a 1x1 window: the packed GEMM scales x as it packs B)
-        if (constant_w and shape is not None and scheduled_plan(config, shape) is not None
-                and not ("input_scale" in node.attrs and win.pointwise)):
-            floats = max(scheduled_plan(config, shape, par).scratch_floats for par in (False, True))
-            return _Plan("schedule", win, TensorType((floats,)))
+        plans = [scheduled_plan(config, shape, par) for par in (True, False)] if constant_w and shape else [None]
+        if plans[0] is not None and not ("input_scale" in node.attrs and win.pointwise):
+            return _Plan("schedule", win, TensorType((max(p.scratch_floats for p in plans),)))
         return _Plan("gemm", win, scratch)
     if _unpadded_1x1(win):
         sub = None if all(s == 1 for s in win.strides) else TensorType((*lead, *win.out))
@@ -351,16 +350,12 @@ def nest_shape(node: Node, x: TensorType, w: TensorType, win: Window) -> schedul
 def scheduled_plan(config: CodegenConfig, shape: scheduled_conv.Shape, parallel: bool = True
                    ) -> scheduled_gemm.Plan | None:
     """The GEMM schedule's sizes for the convolution's product (weights as the constant A,
-    reduction blocks of whole input channels), or None where the packed GEMM would not run it
-    (``--gemm packed``, too small, fewer output channels than a register tile)."""
-    from polyml.kernels.matmul import packed_plan
+    reduction blocks of whole input channels: :func:`polyml.kernels.matmul.scheduled_plan`),
+    or None where the packed GEMM would not run it (``--gemm packed``, too small, fewer
+    output channels than a register tile)."""
+    from polyml.kernels.matmul import scheduled_plan as product_plan
 
-    plan = packed_plan(config, shape.m, shape.n, shape.k)
-    if not config.schedule or plan is None or shape.m < plan[0].mr:
-        return None
-    blk, parts = plan
-    return scheduled_gemm.plan(shape.m, shape.n, shape.k, blk, parts if parallel else 1, a_constant=True,
-                               kc_step=shape.taps)
+    return product_plan(config, shape.m, shape.n, shape.k, False, parallel, a_constant=True, kc_step=shape.taps)
 
 
 #: small-map convolutions may run with output rows as register tiles (False: never)
@@ -894,8 +889,8 @@ def _convolve_scheduled(k: KernelBuilder, plan: _Plan, scratch: Buffer | None) -
     shape = nest_shape(k.node, k.in_types[0], k.in_types[1], plan.win)
     chain = k.node.attrs.get("epilogue")
     extras = _fused_operands(k, y, shape.n) if chain else None
-    kinds = _chain_kinds(extras, shape.m) or ()
-    if _chain_kinds(extras, shape.m) is None:
+    kinds = _chain_kinds(extras, shape.m)
+    if kinds is None:
         extras = None
     fused = extras is not None
     f32p = ir.FloatType().as_pointer()
@@ -968,20 +963,14 @@ def _convolve_rows_scheduled(k: KernelBuilder, plan: _Plan, planes: Buffer | Non
     operands = {"P": src, "Wr": k.constants[0], "Y": y, **({"Cb": bias} if bias is not None else {}),
                 **{f"R{t}": buf for t, (buf, _) in enumerate(extras or []) if fused}}
     arrays = {name: k.b.bitcast(buf.ptr, f32p) for name, buf in operands.items()}
-    acc = k.node.attrs.get("epilogue_acc")
     n = shape.n
 
     def finish(em, b: ir.IRBuilder, i: ir.Value, j: ir.Value, v: ir.Value) -> ir.Value:  # noqa: ANN001
-        if bias is not None:
-            v = b.fadd(v, b.load(b.gep(em.arrays["Cb"], [i], inbounds=True)))
-        if fused and chain:
-            sub = copy.copy(k)
-            sub.b, sub.fn = b, b.function
-            at = {"channel": i, "element": b.add(b.mul(i, ir.Constant(i.type, n)), j), "scalar": ir.Constant(i.type, 0)}
-            bufs = {buf.name: _Element(b, b.gep(em.arrays[f"R{t}"], [at[kind]], inbounds=True), buf.type.dtype)
-                    for t, ((buf, _), kind) in enumerate(zip(extras, kinds))}
-            v = evaluate_chain(sub, chain, {acc: v}, bufs, [])
-        return v
+        at = {"channel": i, "element": b.add(b.mul(i, ir.Constant(i.type, n)), j), "scalar": ir.Constant(i.type, 0)}
+        elements = [(buf, b.gep(em.arrays[f"R{t}"], [at[kind]], inbounds=True))
+                    for t, ((buf, _), kind) in enumerate(zip(extras, kinds))] if fused else []
+        bias_at = b.gep(em.arrays["Cb"], [i], inbounds=True) if bias is not None else None
+        return _finished(k, b, v, bias_at, chain if fused else None, elements)
 
     attrs = tuple(a for a in k.fn.attributes if a != "noinline")
     tile = RowsTile(spec, attrs, finish)
@@ -1005,23 +994,32 @@ class _Element:
         return self.b.load(self.ptr)
 
 
+def _finished(k: KernelBuilder, b: ir.IRBuilder, v: ir.Value, bias: ir.Value | None, chain: list | None,
+              elements: Sequence[tuple[Buffer, ir.Value]]) -> ir.Value:
+    """An output element's value ``v`` finished: plus the bias at ``bias`` (an element
+    pointer), then the fused ``chain`` reading each operand buffer's element at its pointer;
+    the code goes where ``b`` is (a parallel body function, an intrinsic's store loop)."""
+    if bias is not None:
+        v = b.fadd(v, b.load(bias))
+    if not chain:
+        return v
+    sub = copy.copy(k)
+    sub.b, sub.fn = b, b.function
+    bufs = {buf.name: _Element(b, ptr, buf.type.dtype) for buf, ptr in elements}
+    return evaluate_chain(sub, chain, {k.node.attrs["epilogue_acc"]: v}, bufs, [])
+
+
 def _with_finish(program: Program, k: KernelBuilder, bias: bool, chain: list | None,
                  extras: list[tuple[Buffer, TensorType]]) -> Program:
     """``program`` with its finishing statement E computing ``chain(y + bias)`` (E's
     accesses: y, the bias, then the chain's operands in order)."""
     if chain is None or not any(s.name == "E" for s in program.nest.statements):
         return program
-    acc = k.node.attrs["epilogue_acc"]
 
     def body(b: ir.IRBuilder, ptrs: Sequence[ir.Value]) -> None:
-        v = b.load(ptrs[0])
-        if bias:
-            v = b.fadd(v, b.load(ptrs[1]))
-        sub = copy.copy(k)  # the chain's code in the function being emitted (a parallel body)
-        sub.b, sub.fn = b, b.function
         at = 2 if bias else 1
-        bufs = {buf.name: _Element(b, ptrs[at + t], buf.type.dtype) for t, (buf, _) in enumerate(extras)}
-        b.store(evaluate_chain(sub, chain, {acc: v}, bufs, []), ptrs[0])
+        elements = [(buf, ptrs[at + t]) for t, (buf, _) in enumerate(extras)]
+        b.store(_finished(k, b, b.load(ptrs[0]), ptrs[1] if bias else None, chain, elements), ptrs[0])
 
     finish = dataclasses.replace(program.nest.statement("E"), body=body)
     return Program(program.nest.with_statement(finish), program.tree)

@@ -253,11 +253,12 @@ def packed_product(k: KernelBuilder, spec: packed.GemmSpec, operands: Sequence[B
 
 
 def scheduled_plan(config: CodegenConfig, m: int, n: int, kk: int, b_constant: bool, parallel: bool = True,
-                   batch: int = 0, a_constant: bool = False) -> scheduled_gemm.Plan | None:
+                   batch: int = 0, a_constant: bool = False, kc_step: int = 1) -> scheduled_gemm.Plan | None:
     """The schedule's sizes for an ``m × n × kk`` product (``batch``: that many), or None where
     it stays on the packed GEMM: ``--gemm packed``, too small, or fewer rows than a register
     tile (a constant B with a row or a few: the packed GEMM's short kernels compute only the
-    rows that exist).  The threads as the packed GEMM's (:func:`packed_plan`, :func:`batched_plan`)."""
+    rows that exist).  The threads as the packed GEMM's (:func:`packed_plan`, :func:`batched_plan`);
+    ``kc_step``: :func:`polyml.schedule.gemm.plan`'s (a convolution's taps)."""
     if not config.schedule:
         return None
     if batch:
@@ -270,7 +271,7 @@ def scheduled_plan(config: CodegenConfig, m: int, n: int, kk: int, b_constant: b
     if plan is None or m < plan[0].mr:
         return None
     blk, parts = plan
-    return scheduled_gemm.plan(m, n, kk, blk, parts if parallel else 1, b_constant, a_constant)
+    return scheduled_gemm.plan(m, n, kk, blk, parts if parallel else 1, b_constant, a_constant, kc_step)
 
 
 def scheduled_scratch(config: CodegenConfig, m: int, n: int, kk: int, b_constant: bool, batch: int = 0,

@@ -29,10 +29,9 @@ from dataclasses import dataclass, replace
 import islpy as isl
 import llvmlite.ir as ir
 
-from polyml.codegen.builder import F32
 from polyml.schedule import codegen, legality
 from polyml.schedule import tree as T
-from polyml.schedule.gemm import PARAMS, Plan, View, blis, pack_panels
+from polyml.schedule.gemm import PARAMS, Plan, View, blis, multiply_add, pack_panels, zero
 from polyml.schedule.intrinsics import Im2colPanel
 from polyml.schedule.nest import Access, Array, Nest, Program, Statement
 
@@ -97,15 +96,6 @@ class Shape:
         return Im2colPanel(self.size, self.kernel, self.out[1], self.n, self.strides, self.dilations, self.pads, nr)
 
 
-def _zero(b: ir.IRBuilder, ptrs) -> None:  # noqa: ANN001
-    b.store(ir.Constant(F32, 0.0), ptrs[0])
-
-
-def _update(b: ir.IRBuilder, ptrs) -> None:  # noqa: ANN001
-    y, w, x = ptrs
-    b.store(b.fadd(b.load(y), b.fmul(b.load(w), b.load(x))), y)
-
-
 def add_bias(b: ir.IRBuilder, ptrs) -> None:  # noqa: ANN001
     """E's body with a bias and no chain: ``y += bias[m]``."""
     b.store(b.fadd(b.load(ptrs[0]), b.load(ptrs[1])), ptrs[0])
@@ -131,12 +121,12 @@ def nest(shape: Shape, bias: bool = False, extras: tuple[str, ...] = (), chain: 
     i, j, k = shape._exprs()
     stmts = [
         Statement("Z", f"{PARAMS} -> {{ Z[m, oh, ow] : {plane} }}",
-                  (Access("Y", f"{PARAMS} -> {{ Z[m, oh, ow] -> {out} }}", "write"),), _zero),
+                  (Access("Y", f"{PARAMS} -> {{ Z[m, oh, ow] -> {out} }}", "write"),), zero),
         Statement("S", f"{PARAMS} -> {{ S[m, oh, ow, c, kh, kw] : {window} }}",
                   (Access("Y", f"{PARAMS} -> {{ S[m, oh, ow, c, kh, kw] -> {out} }}", "update"),
                    Access("W", f"{PARAMS} -> {{ S[m, oh, ow, c, kh, kw] -> W[m, c, kh, kw] }}"),
                    Access("X", f"{PARAMS} -> {{ S[m, oh, ow, c, kh, kw] -> X[c, {shape.x_index('oh', 'ow', 'kh', 'kw')}] }}")),
-                  _update, view=f"{PARAMS} -> {{ S[m, oh, ow, c, kh, kw] -> [{i}, {j}, {k}] }}")]
+                  multiply_add, view=f"{PARAMS} -> {{ S[m, oh, ow, c, kh, kw] -> [{i}, {j}, {k}] }}")]
     if bias or extras or chain:
         accesses = [Access("Y", f"{PARAMS} -> {{ E[m, oh, ow] -> {out} }}", "update")]
         if bias:
@@ -272,13 +262,12 @@ def rows_schedule(shape: Shape, rows: Rows, program: Program, threads: int) -> P
     program = T.fold_init(program, "Z")
     program = T.pack_constant(program, "S", "W", Array("Wr", (-(-shape.m // ROW_CHANNELS) * ROW_CHANNELS * shape.k,)),
                               rows_layout(shape))
-    r, _ = _row_exprs(shape, rows)
+    r, col = _row_exprs(shape, rows)
     unit = f"{rows.tiles}*floor(m/{ROW_CHANNELS}) + floor(({r})/{rows.stack})"
     names = [s.name for s in program.nest.statements]
     parts = [f"S[m, oh, ow, c, kh, kw] -> [({unit})]"] + ([f"E[m, oh, ow] -> [({unit})]"] if "E" in names else [])
     band = isl.UnionPwAff(f"{PARAMS} -> {{ {'; '.join(parts)} }}")
-    i, _, k = shape._exprs()
-    col = _row_exprs(shape, rows)[1]
+    k = shape._exprs()[2]
     inner = {"S": ("[m, oh, ow, c, kh, kw]", (f"m mod {ROW_CHANNELS}", f"({r}) mod {rows.stack}", col, k)),
              "E": ("[m, oh, ow]", (f"m mod {ROW_CHANNELS}", f"({r}) mod {rows.stack}", col))}
 

@@ -39,11 +39,13 @@ PARAMS = "[M, N, K]"
 LAYOUT_PARAMS = "[M, N, K, T]"
 
 
-def _zero(b: ir.IRBuilder, ptrs) -> None:  # noqa: ANN001
+def zero(b: ir.IRBuilder, ptrs) -> None:  # noqa: ANN001
+    """An initialisation's body: ``c = 0``."""
     b.store(ir.Constant(F32, 0.0), ptrs[0])
 
 
-def _update(b: ir.IRBuilder, ptrs) -> None:  # noqa: ANN001
+def multiply_add(b: ir.IRBuilder, ptrs) -> None:  # noqa: ANN001
+    """A product's update: ``c += a · b`` (pointers of C, A, B: the GEMM's and the convolution's S)."""
     c, a, bb = ptrs
     b.store(b.fadd(b.load(c), b.fmul(b.load(a), b.load(bb))), c)
 
@@ -65,11 +67,11 @@ def nest(trans_a: bool = False, trans_b: bool = False, alpha: float = 1.0, bias:
     a_idx, b_idx = f"[{ix}{a_idx[1:]}", f"[{ix}{b_idx[1:]}"
     stmts = [
         Statement("Z", f"{PARAMS} -> {{ Z[{ix}i, j] : {dims}0 <= i < M and 0 <= j < N }}",
-                  (Access("C", f"{PARAMS} -> {{ Z[{ix}i, j] -> C[{ix}i, j] }}", "write"),), _zero),
+                  (Access("C", f"{PARAMS} -> {{ Z[{ix}i, j] -> C[{ix}i, j] }}", "write"),), zero),
         Statement("S", f"{PARAMS} -> {{ S[{ix}i, j, k] : {dims}0 <= i < M and 0 <= j < N and 0 <= k < K }}",
                   (Access("C", f"{PARAMS} -> {{ S[{ix}i, j, k] -> C[{ix}i, j] }}", "update"),
                    Access("A", f"{PARAMS} -> {{ S[{ix}i, j, k] -> A{a_idx} }}"),
-                   Access("B", f"{PARAMS} -> {{ S[{ix}i, j, k] -> B{b_idx} }}")), _update)]
+                   Access("B", f"{PARAMS} -> {{ S[{ix}i, j, k] -> B{b_idx} }}")), multiply_add)]
     if alpha != 1.0 or bias is not None:
         accesses = [Access("C", f"{PARAMS} -> {{ E[i, j] -> C[i, j] }}", "update")]
         if bias is not None:
@@ -200,17 +202,13 @@ def plan(m: int, n: int, k: int, blk: packed.Blocking, parts: int, b_constant: b
 
 def constant_b(p: Plan, b: np.ndarray) -> np.ndarray:
     """A constant B (``k × n``) in :attr:`Plan.b_layout`, zeros in the padding."""
-    out = np.zeros(p.b_floats, dtype=np.float32)
-    out[layout.offsets(p.b_layout, (p.k, p.n), {})] = b
-    return out
+    return layout.evaluated(p.b_layout, b, p.b_floats)
 
 
 def constant_a(p: Plan, a: np.ndarray) -> np.ndarray:
     """A constant A (``m × k``, batched ``batch × m × k``) in :meth:`Plan.a_layout`, zeros in
     the padding."""
-    out = np.zeros(max(p.batch, 1) * p.a_floats, dtype=np.float32)
-    out[layout.offsets(p.a_layout(), (p.batch, p.m, p.k) if p.batch else (p.m, p.k), {})] = a
-    return out
+    return layout.evaluated(p.a_layout(), a, max(p.batch, 1) * p.a_floats)
 
 
 def _round_up(x: int, q: int) -> int:

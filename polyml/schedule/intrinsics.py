@@ -26,7 +26,6 @@ its operands' addresses (:class:`~polyml.schedule.codegen.TileBox`).
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
@@ -210,21 +209,6 @@ class RowsTile:
     def name(self) -> str:
         return f"rows.f32.{self.spec.width}x{gemm_rows.CHANNELS}"
 
-    def _offsets(self, module: ir.Module) -> ir.Value:
-        """The reduction rows' source offsets, a constant table (the last repeated for the
-        micro-kernel's prefetches past the end)."""
-        offsets = [int(o) for o in self.spec.offsets]
-        offsets += offsets[-1:] * gemm_rows.PREFETCH_AHEAD
-        name = "polyml.rows_offsets." + hashlib.sha256(repr(offsets).encode()).hexdigest()[:12]
-        table = module.globals.get(name)
-        if table is None:
-            kind = ir.ArrayType(ir.IntType(32), len(offsets))
-            table = ir.GlobalVariable(module, kind, name)
-            table.global_constant = True
-            table.linkage = "internal"
-            table.initializer = ir.Constant(kind, offsets)
-        return table
-
     def lower(self, em, box) -> None:  # noqa: ANN001  (Emitter, TileBox)
         b, spec = em.b, self.spec
         stmt = em.program.nest.statement(box.statement)
@@ -245,8 +229,7 @@ class RowsTile:
         ch_ = gemm_rows.CHANNELS
         tile = em.stack_tile("rows.tile", positions * ch_)
         tile_t = em.stack_tile("rows.tile_t", ch_ * gemm_rows.WIDTH)  # channel-major, 16 positions each
-        table = b.gep(self._offsets(em.module), [ir.Constant(ir.IntType(32), 0)] * 2, inbounds=True)
-        vec = ir.VectorType(F32, gemm_rows.WIDTH)
+        table = b.gep(gemm_rows.offsets_table(em.module, spec), [ir.Constant(ir.IntType(32), 0)] * 2, inbounds=True)
         j0 = b.mul(r0, const(spec.width))
 
         def per_tile(emit: Callable[[bool], None]) -> None:
@@ -260,13 +243,7 @@ class RowsTile:
                     emit(False)
 
         per_tile(lambda whole: b.call(stacked if whole else single, [const(spec.k), src_row, table, bp, tile]))
-        for v in range(ch_ // gemm_rows.WIDTH):  # 16 channels x positions -> per-channel runs
-            loaded = [b.load(b.bitcast(b.gep(tile, [const(r * ch_ + v * gemm_rows.WIDTH)], inbounds=True),
-                                       vec.as_pointer()), align=4) for r in range(positions)]
-            loaded += [ir.Constant(vec, [0.0] * gemm_rows.WIDTH)] * (gemm_rows.WIDTH - positions)
-            for c, row in enumerate(gemm_rows.transpose16(b, loaded)):
-                b.store(row, b.bitcast(b.gep(tile_t, [const((v * gemm_rows.WIDTH + c) * gemm_rows.WIDTH)],
-                                             inbounds=True), vec.as_pointer()), align=4)
+        gemm_rows.transpose_tile(b, tile, tile_t, positions)
 
         def store(count: int) -> None:
             with packed.for_range(b, 0, channels, name="rows.ch") as ch:
