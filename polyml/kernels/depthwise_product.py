@@ -16,7 +16,7 @@ reads it, and kept for the later ones), and ``t`` is *contracted* to a ring of `
 per channel and phase plane, ``M = ⌊(KH-1)·dh/sh⌋ + 1`` (the phase rows one output row reads):
 phase row ``p`` lives in slot ``p mod M``, and kernel row ``i`` of output row ``oh`` reads slot
 ``(oh + ⌊i·dh/sh⌋) mod M`` (within a kernel row the taps keep the constant offsets of
-:func:`polyml.kernels.depthwise._step`).  Each phase row's first input column is stored at a
+:func:`polyml.codegen.depthwise.step`).  Each phase row's first input column is stored at a
 vector boundary (:meth:`ProductPlan.lead`), so the row's stores are aligned, its padding
 columns at the end of the row before (zeroed once per call, never written after); pad rows
 are written as zeros when they enter the ring.  Measured on MobileNetV2's 1x1 16->96 +
@@ -28,7 +28,7 @@ share of the planes at one thread), for each output row: per block of ``cb`` cha
 row's vectors ≤ :data:`BLOCK_ACCUMULATORS` registers), the padded rows that output row is the
 first to read (``Σ_k``: each x vector loaded once per block, ``cb`` FMAs per load, the
 expansion's ReLU/Clip in registers), split into column phases as they are stored
-(:func:`polyml.kernels.depthwise._copy_row_vectors`), then the block's output rows with the
+(:func:`polyml.codegen.depthwise.copy_row_vectors`), then the block's output rows with the
 depthwise layer's own ReLU/Clip in registers.  x's rows of the current output row stay in L1
 across the channel blocks; each channel's ring (a few KiB) is reread from L2 once per row.
 
@@ -64,10 +64,10 @@ from polyml.kernels.depthwise import (
     UNALIGNED_MAX_LANES,
     VECTOR_ROW_MAX_STRIDE,
     DepthwisePlan,
-    _copy_row_vectors,
-    _phase_range,
-    _step,
+    copy_row_vectors,
     depthwise_plan,
+    phase_range,
+    step,
     tap_weights,
 )
 from polyml.options import CodegenConfig
@@ -295,7 +295,7 @@ def _product_row(k: KernelBuilder, plan: ProductPlan, fma: ir.Function, vec: ir.
     b, dw = k.b, plan.dw
     win, lanes, pitch = dw.win, dw.lanes, plan.pitch
     sh, (h, wd), pt = dw.phases[0], win.size, win.pads_begin[0]
-    i0, i1 = _phase_range(phase, sh, pt, h, win.required[0])
+    i0, i1 = phase_range(phase, sh, pt, h, win.required[0])
     p = b.sdiv(b.sub(r, _c(phase)), _c(sh))
     zero = ir.Constant(vec, [0.0] * lanes)
     inside = b.and_(b.icmp_signed(">=", p, _c(i0)), b.icmp_signed("<", p, _c(i1)))
@@ -329,7 +329,7 @@ def _product_row(k: KernelBuilder, plan: ProductPlan, fma: ir.Function, vec: ir.
                 vectors = accs[j * plan.vectors:(j + 1) * plan.vectors]
                 if expansion is not None:
                     vectors = [expansion.apply(b, v, None) for v in vectors]
-                _copy_row_vectors(b, dw, None, _ring_row(b, plan, work, p, phase), vectors)
+                copy_row_vectors(b, dw, None, _ring_row(b, plan, work, p, phase), vectors)
         with padding:  # the whole rows, from their aligned starts (and the next rows' padding columns)
             for work in works:
                 for pc, row in enumerate(_ring_row(b, plan, work, p, phase)):
@@ -379,7 +379,7 @@ def _output_row(k: KernelBuilder, plan: ProductPlan, fma: ir.Function, vec: ir.V
     for d in range(0, dw.acc_floats, dw.lanes):
         s = start
         for i in range(kh):  # one kernel row at a time, from its slot
-            s = _step(b, rows[i], _c(d), taps[i * kw:(i + 1) * kw], weights[i * kw:(i + 1) * kw], s, fma, vec)
+            s = step(b, rows[i], _c(d), taps[i * kw:(i + 1) * kw], weights[i * kw:(i + 1) * kw], s, fma, vec)
         if output is not None:
             s = output.apply(b, s, None)
         store_lanes(b, s, b.bitcast(b.gep(y_row, [_c(d)], inbounds=True), vec.as_pointer()), ow_n - d)
