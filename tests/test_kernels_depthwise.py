@@ -80,17 +80,24 @@ def _dw_model(xs, ks, attrs, bias=True, chain="", seed=0) -> onnx.ModelProto:
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
 
 
+#: the two lowerings of a one-image depthwise convolution: its nest under the depthwise schedule
+#: (polyml/schedule/depthwise.py), and the hand-written plane kernel (--gemm packed)
+PATHS = pytest.mark.parametrize("gemm", ["schedule", "packed"], ids=["schedule", "hand"])
+
+
+@PATHS
 @pytest.mark.parametrize("xs,ks,attrs", CASES)
-def test_depthwise_matches_onnxruntime(xs, ks, attrs) -> None:
-    errs = compile_and_compare(_dw_model(xs, ks, attrs), threads=2, cache=False)
+def test_depthwise_matches_onnxruntime(xs, ks, attrs, gemm) -> None:
+    errs = compile_and_compare(_dw_model(xs, ks, attrs), threads=2, cache=False, gemm=gemm)
     assert max(errs.values()) <= TOL, errs
 
 
 @pytest.mark.parametrize("width", [13, 37, 63], ids=["flat", "rowwise", "rowwise-whole"])
 @pytest.mark.parametrize("chain", ["relu6", "silu", "scale", "residual"])
-def test_depthwise_fused_chains(chain, width) -> None:
+@PATHS
+def test_depthwise_fused_chains(chain, width, gemm) -> None:
     errs = compile_and_compare(_dw_model((1, 20, 11, width), (3, 3), {"pads": [1, 1, 1, 1], "strides": [2, 2]}, chain=chain),
-                               threads=2, cache=False)
+                               threads=2, cache=False, gemm=gemm)
     assert max(errs.values()) <= TOL, errs
 
 
@@ -120,7 +127,7 @@ def test_depthwise_silu_after_the_crop_is_interleaved(tmp_path) -> None:
         path = tmp_path / f"dw{size}.onnx"
         onnx.save(_dw_model((1, 64, size, size), (5, 5), {"pads": [2] * 4}, chain="silu"), str(path))
         out = tmp_path / f"b{size}"
-        polyml_compile(path, out, emit=["ll"], cache=False, threads=1)
+        polyml_compile(path, out, emit=["ll"], cache=False, threads=1, gemm="packed")
         ll = "".join(p.read_text() for p in out.glob("ops.off*.ll") if ".opt." not in p.name)
         return ll, "".join(p.read_text() for p in out.glob("ops.off*.opt.ll"))
 
@@ -153,12 +160,12 @@ def test_depthwise_rows_stored_from_registers(tmp_path) -> None:
         model = _dw_model((1, 8, 28, 28), (3, 3), {"pads": [1, 1, 1, 1]}, chain=chain)
         onnx.save(model, str(path))
         out = tmp_path / chain
-        polyml_compile(path, out, emit=["ll"], cache=False, threads=1)
+        polyml_compile(path, out, emit=["ll"], cache=False, threads=1, gemm="packed")
         ll = "".join(p.read_text() for p in out.glob("ops.off*.ll") if ".opt." not in p.name)
         assert ('"dw.ow' in ll) != (lanes == 16 and stores), chain  # the crop loop
         assert bool(re.search(r'!\{ ?!"llvm.loop.vectorize.width", i32 16 ?\}', ll)) == (lanes == 16 and row_pass), chain
         assert ('"dw.epi' in ll) == (lanes == 16 and row_pass), chain  # the chain's pass over the row
-        errs = compile_and_compare(model, threads=1, cache=False)
+        errs = compile_and_compare(model, threads=1, cache=False, gemm="packed")
         assert max(errs.values()) <= TOL, errs
 
 
@@ -176,11 +183,11 @@ def test_depthwise_chain_in_registers(tmp_path, monkeypatch) -> None:
     for on in (True, False):
         monkeypatch.setattr(depthwise, "REGISTER_CHAIN", on)
         out = tmp_path / f"b{on}"
-        polyml_compile(path, out, emit=["ll"], cache=False, threads=1)
+        polyml_compile(path, out, emit=["ll"], cache=False, threads=1, gemm="packed")
         ll = "".join(p.read_text() for p in out.glob("ops.off*.ll") if ".opt." not in p.name)
         assert ('"dw.chain' in ll) != on, on
         assert '"dw.epi' not in ll
-        errs = compile_and_compare(model, threads=1, cache=False)
+        errs = compile_and_compare(model, threads=1, cache=False, gemm="packed")
         assert max(errs.values()) <= TOL, errs
 
 
@@ -212,7 +219,8 @@ BAND_CASES = [
 
 
 @pytest.mark.parametrize("xs,ks,attrs,cpus", BAND_CASES)
-def test_depthwise_row_bands(xs, ks, attrs, cpus, monkeypatch) -> None:
+@PATHS
+def test_depthwise_row_bands(xs, ks, attrs, cpus, monkeypatch, gemm) -> None:
     """Large row-wise planes split their output rows over the threads (each thread copies in
     the input rows its band reads, halos included); checked with 2 and 4 parts, uneven bands,
     unstrided (whole-band copy) and strided (interleaved copy) planes, fused chains."""
@@ -226,7 +234,7 @@ def test_depthwise_row_bands(xs, ks, attrs, cpus, monkeypatch) -> None:
     x, w = TensorType(xs), TensorType((xs[1], 1, *ks))
     plan = depthwise_plan(CodegenConfig(packed=True), node, x, w, conv_window(node, x, w))
     assert plan.parts == cpus and plan.row_bands == (plan.lanes == 16)
-    errs = compile_and_compare(_dw_model(xs, ks, attrs, chain=chain), threads=cpus, cache=False)
+    errs = compile_and_compare(_dw_model(xs, ks, attrs, chain=chain), threads=cpus, cache=False, gemm=gemm)
     assert max(errs.values()) <= TOL, errs
 
 

@@ -60,16 +60,17 @@ from polyml.kernels._window import (
     register_epilogue,
     view,
 )
-from polyml.kernels.depthwise import convolve_depthwise, depthwise_plan
+from polyml.kernels.depthwise import DepthwisePlan, convolve_depthwise, depthwise_plan
 from polyml.kernels.fused import epilogue, evaluate_chain
 from polyml.kernels.winograd import convolve_winograd, transform_weights, winograd_plan
 from polyml.options import CodegenConfig
 from polyml.schedule import conv as scheduled_conv
+from polyml.schedule import depthwise as scheduled_depthwise
 from polyml.schedule import gemm as scheduled_gemm
 from polyml.schedule import layout
 from polyml.schedule import tree as schedule_tree
 from polyml.schedule.codegen import Emitter
-from polyml.schedule.intrinsics import FmaTile
+from polyml.schedule.intrinsics import DepthwisePhaseCopy, DepthwiseTile, FmaTile
 from polyml.schedule.nest import Program
 
 #: fused multiply-add allowed, but no reassociation: the loop vectorizer must not turn the
@@ -296,8 +297,8 @@ def _plan(config: CodegenConfig, node: Node, x: TensorType, w: TensorType, const
     win = conv_window(node, x, w)
     lead = x.shape[:2]
     shape = nest_shape(node, x, w, win)
-    if config.schedule and config.plain_nests and shape is not None:  # --no-schedule: the plain nest
-        return _Plan("plain", win)
+    if config.schedule and config.plain_nests and (shape or depthwise_shape(node, x, w, win)) is not None:
+        return _Plan("plain", win)  # --no-schedule: the plain nest
     dw = depthwise_plan(config, node, x, w, win)
     if dw is not None:  # per plane on a phase-split copy (kernels/depthwise.py)
         return _Plan("depthwise", win, dw.scratch)
@@ -345,6 +346,15 @@ def nest_shape(node: Node, x: TensorType, w: TensorType, win: Window) -> schedul
         return None
     return scheduled_conv.Shape(x.shape[1], w.shape[0], win.size, win.kernel, win.strides, win.dilations,
                                 win.pads_begin, win.out)
+
+
+def depthwise_shape(node: Node, x: TensorType, w: TensorType, win: Window) -> scheduled_depthwise.Shape | None:
+    """The depthwise convolution as the schedule layer's nest (:mod:`polyml.schedule.depthwise`),
+    or None where it is not one: a batch, other than two spatial dimensions, not depthwise."""
+    group = int(node.attrs.get("group", 1))
+    if x.shape[0] != 1 or win.rank != 2 or group == 1 or group != x.shape[1] or w.shape[0] != group or w.shape[1] != 1:
+        return None
+    return scheduled_depthwise.Shape(group, win.size, win.kernel, win.strides, win.dilations, win.pads_begin, win.out)
 
 
 def scheduled_plan(config: CodegenConfig, shape: scheduled_conv.Shape, parallel: bool = True
@@ -769,6 +779,8 @@ class Conv(Kernel):
         group = int(k.attr("group", 1))
         if PREFER_VECTOR_WIDTH:
             set.add(k.fn.attributes, f'"prefer-vector-width"="{PREFER_VECTOR_WIDTH}"')
+        if plan.mode == "plain" and group > 1:
+            return _convolve_depthwise_scheduled(k, plan, None, None)
         if plan.mode in ("schedule", "plain"):
             return _convolve_scheduled(k, plan, src_temp)
         if plan.mode == "gemm":
@@ -780,7 +792,10 @@ class Conv(Kernel):
         if plan.mode == "rows":
             return _convolve_gemm(k, plan, None, next(temps) if plan.planes is not None else None)
         if plan.mode == "depthwise":
-            return convolve_depthwise(k, depthwise_plan(k.config, k.node, x.type, k.in_types[1], win), src_temp)
+            dw = depthwise_plan(k.config, k.node, x.type, k.in_types[1], win)
+            if k.config.schedule and depthwise_shape(k.node, x.type, k.in_types[1], win) is not None:
+                return _convolve_depthwise_scheduled(k, plan, dw, src_temp)
+            return convolve_depthwise(k, dw, src_temp)
         if plan.mode == "winograd":
             return convolve_winograd(k, winograd_plan(k.config, k.node, x.type, k.in_types[1], win), src_temp)
         # Every buffer is accessed through one array shape only: Polly gives an array a single
@@ -914,6 +929,49 @@ def _convolve_scheduled(k: KernelBuilder, plan: _Plan, scratch: Buffer | None) -
     fma, im2col = FmaTile(sched.blk, attrs, in_registers, "Cb"), shape.im2col(sched.blk.nr)
     Emitter(k.module, k.fn, k.b, _with_finish(program, k, bias is not None, chain if fused else None, extras or []),
             arrays, shape.sizes, {fma.name: fma, im2col.name: im2col}, attrs).emit(shape.sizes, ast)
+    k.schedules.append(schedule_tree.text(program.tree))
+    return fused
+
+
+def _convolve_depthwise_scheduled(k: KernelBuilder, plan: _Plan, dw: DepthwisePlan | None,
+                                  scratch: Buffer | None) -> bool:
+    """A depthwise convolution as its nest (:mod:`polyml.schedule.depthwise`) under the
+    depthwise schedule (``dw``'s threads, groups of planes or row bands; the phase-split
+    copies in ``scratch``; the planes on the ``dw.f32`` intrinsic), or with ``dw`` None under
+    its initial schedule (``plain``, ``--no-schedule``).  The bias and the fused chain are the
+    nest's finishing statement (folded into the intrinsic's registers where they are a bias and
+    ReLU/Clip steps); True if the chain is in it."""
+    x, w, y = k.inputs[0], k.inputs[1], k.outputs[0]
+    bias = k.inputs[2] if len(k.inputs) > 2 else None
+    shape = depthwise_shape(k.node, k.in_types[0], k.in_types[1], plan.win)
+    chain = k.node.attrs.get("epilogue")
+    extras = _fused_operands(k, y, shape.sizes["N"]) if chain else None
+    kinds = _chain_kinds(extras, shape.channels)
+    fused = kinds is not None
+    f32p = ir.FloatType().as_pointer()
+    operands = {"X": x, "W": w, "Y": y, **({"Cb": bias} if bias is not None else {}),
+                **{f"R{t}": buf for t, (buf, _) in enumerate(extras or []) if fused}}
+    k.nests += 1
+    if dw is None:
+        program = Program.of(scheduled_depthwise.nest(shape, bias is not None, kinds or (), fused))
+        arrays = {name: k.b.bitcast(buf.ptr, f32p) for name, buf in operands.items()}
+        program = _with_finish(program, k, bias is not None, chain if fused else None, extras or [])
+        Emitter(k.module, k.fn, k.b, program, arrays, shape.sizes, {}).emit(shape.sizes)
+        k.path = "plain"
+        return fused
+    if dw.lanes == 16:
+        set.add(k.fn.attributes, '"min-legal-vector-width"="512"')
+    threads = dw.parts if k.parallel else 1
+    sched = scheduled_depthwise.Plan(shape, dw.lanes, threads, 1 if dw.row_bands and threads > 1 else dw.group,
+                                     dw.band if dw.row_bands and threads > 1 else 0)
+    in_registers = register_epilogue(None, chain if fused else None, extras or []) if fused else None
+    fold = bias is not None and not fused or in_registers is not None
+    program, ast = scheduled_depthwise.built(sched, bias is not None, kinds or (), fused, fold)
+    arrays = {name: k.b.bitcast(buf.ptr, f32p) for name, buf in {**operands, "Xph": scratch}.items()}
+    attrs = tuple(a for a in k.fn.attributes if a != "noinline")
+    tile, copy_in = DepthwiseTile(sched.geometry, attrs, in_registers, "Cb"), DepthwisePhaseCopy(sched.geometry)
+    Emitter(k.module, k.fn, k.b, _with_finish(program, k, bias is not None, chain if fused else None, extras or []),
+            arrays, shape.sizes, {tile.name: tile, copy_in.name: copy_in}, attrs).emit(shape.sizes, ast)
     k.schedules.append(schedule_tree.text(program.tree))
     return fused
 

@@ -22,6 +22,11 @@ its operands' addresses (:class:`~polyml.schedule.codegen.TileBox`).
   the register tile's rows (:mod:`polyml.codegen.gemm_rows`' micro-kernel: the source read in
   place through a table of reduction-row offsets, the weights in 32-channel panels), transposed
   in registers and stored through the folded finishing statement's work.
+* ``dw.f32.<L>`` (:class:`DepthwiseTile`): a depthwise convolution's plane (row by row, or
+  ``.flat`` along the plane on its copy's pitch), one vector of outputs per step from all the
+  taps read at constant offsets in the plane's phase-split copy (:mod:`polyml.codegen.depthwise`).
+* ``dwcopy.f32.<sh>x<sw>`` (:class:`DepthwisePhaseCopy`), a copy intrinsic: a plane's rows into
+  their ``sh × sw`` stride phases, pads as zeros.
 """
 
 from __future__ import annotations
@@ -31,9 +36,9 @@ from dataclasses import dataclass, field, replace
 
 import llvmlite.ir as ir
 
+from polyml.codegen import depthwise, gemm_rows
 from polyml.codegen import gemm as packed
-from polyml.codegen import gemm_rows
-from polyml.codegen.builder import F32, I64
+from polyml.codegen.builder import F32, I64, splat, store_lanes, vector_fma
 
 
 @dataclass(frozen=True)
@@ -255,3 +260,120 @@ class RowsTile:
                     b.store(v, b.gep(dst, [ow], inbounds=True))
 
         per_tile(lambda whole: store(positions if whole else spec.width))
+
+
+@dataclass(frozen=True)
+class DepthwiseTile:
+    """``dw.f32.<L>`` on a depthwise convolution's S (:mod:`polyml.schedule.depthwise`): for one
+    plane ``m`` and the output rows of the tile, ``Y[m, oh, ow] = Σ_{kh,kw} W[m, kh, kw] ·
+    Xph[..]`` read from the plane's phase-split copy (``geometry``,
+    :class:`polyml.codegen.depthwise.Geometry`), one vector of outputs per step from all the
+    taps (:func:`polyml.codegen.depthwise.step`), the weights broadcast once per tile.  Row by
+    row where a row holds a vector (stored from the registers, the last vector masked), else
+    (``.flat``) along the plane flattened on the copy's pitch into a stack accumulator, then
+    cropped.  It stores its first sums (``init=``).  With ``finish=``: the bias (``bias``, read
+    at ``m``) starts the sums and ``epilogue`` (ReLU/Clip) is applied to each vector."""
+
+    geometry: depthwise.Geometry
+    attrs: tuple[str, ...] = ()
+    epilogue: packed.RegisterEpilogue | None = None
+    bias: str = ""
+
+    @property
+    def name(self) -> str:
+        return f"dw.f32.{self.geometry.lanes}" + ("" if self.geometry.rowwise else ".flat")
+
+    def lower(self, em, box) -> None:  # noqa: ANN001  (Emitter, TileBox)
+        b, g = em.b, self.geometry
+        stmt = em.program.nest.statement(box.statement)
+        y_at, w_at, x_at = (next(i for i, a in enumerate(stmt.accesses) if a.array == name)
+                            for name in ("Y", "W", stmt.accesses[2].array))
+        y, w, x = (em.address(stmt.accesses[i].array, box.first[i]) for i in (y_at, w_at, x_at))
+        lanes, (kh, kw), (oh_n, ow_n) = g.lanes, g.win.kernel, g.win.out
+        vec = ir.VectorType(F32, lanes)
+        fma = vector_fma(em.module, lanes)
+        const = lambda v: ir.Constant(I64, v)  # noqa: E731
+        taps = [(i, j, g.tap_offset(i, j)) for i in range(kh) for j in range(kw)]
+        weights = [splat(b, b.load(b.gep(w, [const(i * kw + j)], inbounds=True)), vec) for i, j, _ in taps]
+        start = ir.Constant(vec, [0.0] * lanes)
+        if box.finish and self.bias in em.arrays:
+            start = splat(b, b.load(b.gep(em.arrays[self.bias], [em.expr(box.lo[0])], inbounds=True)), vec)
+
+        def finished(s: ir.Value) -> ir.Value:
+            return self.epilogue.apply(b, s, None) if box.finish and self.epilogue is not None else s
+
+        if g.rowwise:
+            rows = b.add(b.sub(em.expr(box.hi[1]), em.expr(box.lo[1])), const(1))
+            with packed.for_range(b, 0, rows, name="dw.row") as r:
+                x_row = b.gep(x, [b.mul(r, const(g.pitch))], inbounds=True)
+                y_row = b.gep(y, [b.mul(r, const(ow_n))], inbounds=True)
+                for d in range(0, g.acc_floats, lanes):
+                    s = finished(depthwise.step(b, x_row, const(d), taps, weights, start, fma, vec))
+                    store_lanes(b, s, b.bitcast(b.gep(y_row, [const(d)], inbounds=True), vec.as_pointer()), ow_n - d)
+            return
+        acc = em.stack_tile("dw.acc", g.flat)
+        with packed.for_range(b, 0, g.flat, lanes, name="dw.f") as f:
+            s = finished(depthwise.step(b, x, f, taps, weights, start, fma, vec))
+            b.store(s, b.bitcast(b.gep(acc, [f], inbounds=True), vec.as_pointer()), align=4)
+        with packed.for_range(b, 0, oh_n, name="dw.oh") as oh:
+            with packed.for_range(b, 0, ow_n, name="dw.ow") as ow:
+                v = b.load(b.gep(acc, [b.add(b.mul(oh, const(g.pitch)), ow)], inbounds=True))
+                b.store(v, b.gep(y, [b.add(b.mul(oh, const(ow_n)), ow)], inbounds=True))
+
+
+@dataclass(frozen=True)
+class DepthwisePhaseCopy:
+    """``dwcopy.f32.<sh>x<sw>``, a copy intrinsic: one plane's rows ``[r0, r1]`` (padded
+    columns all) of the copy statement ``Pack_Xph[.., m, r, q]`` of :mod:`polyml.schedule.depthwise`,
+    ``Xph[phase(r, q)] = X[m, r, q]`` (0 in the padding), written row by row into the ``sh × sw``
+    phase planes: an input row by :func:`polyml.codegen.depthwise.copy_row` (whole vectors split
+    into the column phases by shuffles), its pad columns and the pad rows as zeros."""
+
+    geometry: depthwise.Geometry
+
+    @property
+    def name(self) -> str:
+        return f"dwcopy.f32.{self.geometry.phases[0]}x{self.geometry.phases[1]}"
+
+    def lower(self, em, box) -> None:  # noqa: ANN001  (Emitter, TileBox)
+        b, g = em.b, self.geometry
+        win = g.win
+        (sh, sw), (ph, pw), (h, wd) = g.phases, win.pads_begin, win.size
+        stmt = em.program.nest.statement(box.statement)
+        dst_at = next(i for i, a in enumerate(stmt.accesses) if a.writes)
+        const = lambda v: ir.Constant(I64, v)  # noqa: E731
+        m, r0, q0 = (em.expr(e) for e in box.lo[-3:])
+        r1 = em.expr(box.hi[-2])
+        # the plane's copy starts where the layout puts padded (0, 0): the corner's address less its offset
+        pr0, pq0 = b.add(r0, const(ph)), b.add(q0, const(pw))
+        plane_rows = g.rows * g.pitch
+        corner = b.add(b.add(b.mul(b.add(b.mul(b.srem(pr0, const(sh)), const(sw)), b.srem(pq0, const(sw))),
+                                   const(plane_rows)), b.mul(b.sdiv(pr0, const(sh)), const(g.pitch))),
+                       b.sdiv(pq0, const(sw)))
+        work = b.gep(em.address(stmt.accesses[dst_at].array, box.first[dst_at]), [b.neg(corner)], inbounds=True)
+        src = b.gep(em.arrays[stmt.accesses[1 - dst_at].array], [b.mul(m, const(h * wd))], inbounds=True)
+        zero = ir.Constant(F32, 0.0)
+        columns = [depthwise.phase_range(pc, sw, pw, wd, win.required[1]) for pc in range(sw)]
+        widths = [-(-(win.required[1] - pc) // sw) for pc in range(sw)]
+
+        def phase_row(pr: int, pc: int, i: ir.Value) -> ir.Value:
+            return b.gep(work, [b.add(b.mul(i, const(g.pitch)), const((pr * sw + pc) * plane_rows))], inbounds=True)
+
+        for pr in range(sh):
+            i0, i1 = depthwise.phase_range(pr, sh, ph, h, win.required[0])
+            lo = b.sdiv(b.add(pr0, const(sh - 1 - pr)), const(sh))
+            hi = b.sdiv(b.add(b.add(r1, const(ph)), const(sh - pr)), const(sh))
+            with packed.for_range(b, lo, hi, name="dwcopy.i") as i:
+                inside = b.and_(b.icmp_signed(">=", i, const(i0)), b.icmp_signed("<", i, const(i1)))
+                with b.if_else(inside) as (then, otherwise):
+                    with then:  # an input row: its columns, then its pad columns' zeros
+                        depthwise.copy_row(b, g, src, work, pr, i)
+                        for pc, ((a, z), width) in enumerate(zip(columns, widths)):
+                            row = phase_row(pr, pc, i)
+                            for j in [*range(0, a), *range(max(z, a), width)]:
+                                b.store(zero, b.gep(row, [const(j)], inbounds=True))
+                    with otherwise:  # a pad row
+                        for pc, width in enumerate(widths):
+                            row = phase_row(pr, pc, i)
+                            with packed.for_range(b, 0, width, name="dwcopy.z") as j:
+                                b.store(zero, b.gep(row, [j], inbounds=True))
