@@ -7,27 +7,16 @@ tests/test_kernels_depthwise.py.)
 
 from __future__ import annotations
 
-import ctypes
 import json
-import subprocess
-import sys
 from pathlib import Path
 
-import llvmlite.ir as ir
-import numpy as np
-
-from polyml.codegen.gemm import RegisterEpilogue
-from polyml.driver.toolchain import tool
 from polyml.schedule import codegen
 from polyml.schedule import depthwise as D
 from polyml.schedule import tree as T
-from polyml.schedule.intrinsics import DepthwisePhaseCopy, DepthwiseTile
 from polyml.schedule.nest import Program
 from polyml.testing import compile_and_compare
 from tests.conftest import filecheck
-
-sys.path.insert(0, str(Path(__file__).parent))
-from test_kernels_depthwise import _dw_model  # noqa: E402
+from tests.test_kernels_depthwise import _dw_model
 
 #: 20 planes 11x37, 3x3 at stride 2 with pads 1 -> 6x19 (row-wise: a row holds a 16-lane vector)
 SHAPE = D.Shape(20, (11, 37), (3, 3), (2, 2), (1, 1), (1, 1), (6, 19))
@@ -44,38 +33,6 @@ def test_depthwise_schedule_tree_golden(golden: Path) -> None:
 
 def test_depthwise_loops_golden(golden: Path) -> None:
     filecheck(codegen.c_text(_program(), SHAPE.sizes), golden / "depthwise.schedule_loops.check")
-
-
-def _reference(shape: D.Shape, x: np.ndarray, w: np.ndarray, bias: np.ndarray) -> np.ndarray:
-    (sh, sw), (dh, dw), (ph, pw) = shape.strides, shape.dilations, shape.pads_begin
-    xp = np.pad(x.astype(np.float64), ((0, 0), (ph, ph + 16), (pw, pw + 16)))
-    ref = np.zeros((shape.channels, *shape.out))
-    for kh in range(shape.kernel[0]):
-        for kw in range(shape.kernel[1]):
-            win = xp[:, kh * dh:kh * dh + sh * shape.out[0]:sh, kw * dw:kw * dw + sw * shape.out[1]:sw]
-            ref += w[:, kh, kw, None, None] * win
-    return ref.reshape(shape.channels, -1) + bias[:, None]
-
-
-def _compiled(program: Program, plan: D.Plan, epilogue: RegisterEpilogue | None, tmp_path: Path, name: str):  # noqa: ANN202
-    """``program`` as a C-callable ``dw(X, W, Y, Cb, Xph)`` (clang, OpenMP)."""
-    module = ir.Module(name)
-    f32p = ir.FloatType().as_pointer()
-    fn = ir.Function(module, ir.FunctionType(ir.VoidType(), [f32p] * 5), "dw")
-    builder = ir.IRBuilder(fn.append_basic_block("entry"))
-    attrs = ("nounwind",)
-    tile, copy = DepthwiseTile(plan.geometry, attrs, epilogue, "Cb"), DepthwisePhaseCopy(plan.geometry)
-    arrays = dict(zip(("X", "W", "Y", "Cb", "Xph"), fn.args))
-    codegen.Emitter(module, fn, builder, program, arrays, plan.shape.sizes, {tile.name: tile, copy.name: copy},
-                    attrs).emit(plan.shape.sizes)
-    builder.ret_void()
-    (tmp_path / f"{name}.ll").write_text(str(module))
-    so = tmp_path / f"{name}.so"
-    subprocess.run([tool("clang"), "-O2", "-march=native", "-shared", "-fPIC", "-fopenmp=libgomp",
-                    str(tmp_path / f"{name}.ll"), "-o", str(so)], check=True, capture_output=True)
-    lib = ctypes.CDLL(str(so))
-    lib.dw.argtypes = [ctypes.POINTER(ctypes.c_float)] * 5
-    return lib.dw
 
 
 def test_depthwise_builds_record_the_schedule_and_no_schedule_builds_the_plain_nest(tmp_path: Path) -> None:

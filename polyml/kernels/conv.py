@@ -964,8 +964,8 @@ def _convolve_depthwise_scheduled(k: KernelBuilder, plan: _Plan, dw: DepthwisePl
     threads = dw.parts if k.parallel else 1
     sched = scheduled_depthwise.Plan(shape, dw.lanes, threads, 1 if dw.row_bands and threads > 1 else dw.group,
                                      dw.band if dw.row_bands and threads > 1 else 0)
-    in_registers = register_epilogue(None, chain if fused else None, extras or []) if fused else None
-    fold = bias is not None and not fused or in_registers is not None
+    in_registers = register_epilogue(None, chain, extras) if fused else None
+    fold = (bias is not None and not fused) or in_registers is not None
     program, ast = scheduled_depthwise.built(sched, bias is not None, kinds or (), fused, fold)
     arrays = {name: k.b.bitcast(buf.ptr, f32p) for name, buf in {**operands, "Xph": scratch}.items()}
     attrs = tuple(a for a in k.fn.attributes if a != "noinline")

@@ -128,18 +128,29 @@ def nest(shape: Shape, bias: bool = False, extras: tuple[str, ...] = (), chain: 
                    Access("X", f"{PARAMS} -> {{ S[m, oh, ow, c, kh, kw] -> X[c, {shape.x_index('oh', 'ow', 'kh', 'kw')}] }}")),
                   multiply_add, view=f"{PARAMS} -> {{ S[m, oh, ow, c, kh, kw] -> [{i}, {j}, {k}] }}")]
     if bias or extras or chain:
-        accesses = [Access("Y", f"{PARAMS} -> {{ E[m, oh, ow] -> {out} }}", "update")]
-        if bias:
-            arrays.append(Array("Cb", (shape.m,)))
-            accesses.append(Access("Cb", f"{PARAMS} -> {{ E[m, oh, ow] -> Cb[m] }}"))
-        for t, kind in enumerate(extras):
-            at, dims = EXTRA_INDEX[kind]
-            arrays.append(Array(f"R{t}", tuple(shape.sizes.get(d, d) for d in dims)))
-            accesses.append(Access(f"R{t}", f"{PARAMS} -> {{ E[m, oh, ow] -> R{t}{at.format(j=j)} }}"))
-        stmts.append(Statement("E", f"{PARAMS} -> {{ E[m, oh, ow] : {plane} }}", tuple(accesses),
-                               add_bias if bias else _keep))
+        finish, more = finishing("E[m, oh, ow]", plane, out, j, shape.sizes, bias, extras)
+        stmts.append(finish)
+        arrays += more
     ctx = f"{PARAMS} -> {{ : M = {shape.m} and N = {shape.n} and K = {shape.k} }}"
     return Nest("conv", ("M", "N", "K"), tuple(arrays), tuple(stmts), context=ctx)
+
+
+def finishing(instance: str, domain: str, out: str, j: str, sizes: dict[str, int], bias: bool,
+              extras: tuple[str, ...]) -> tuple[Statement, list[Array]]:
+    """The finishing statement ``E`` of a convolution-like nest over ``instance`` (e.g.
+    ``E[m, oh, ow]``, constrained by ``domain``): it updates ``out`` (``Y[m, j]`` with ``j`` the
+    flat position, as an expression of the instance), adding ``Cb[m]`` with ``bias`` and
+    reading one operand ``R<t>`` per ``extras`` kind (:data:`EXTRA_INDEX`); with the arrays it adds."""
+    accesses = [Access("Y", f"{PARAMS} -> {{ {instance} -> {out} }}", "update")]
+    arrays = []
+    if bias:
+        arrays.append(Array("Cb", (sizes["M"],)))
+        accesses.append(Access("Cb", f"{PARAMS} -> {{ {instance} -> Cb[m] }}"))
+    for t, kind in enumerate(extras):
+        at, dims = EXTRA_INDEX[kind]
+        arrays.append(Array(f"R{t}", tuple(sizes.get(d, d) for d in dims)))
+        accesses.append(Access(f"R{t}", f"{PARAMS} -> {{ {instance} -> R{t}{at.format(j=j)} }}"))
+    return Statement("E", f"{PARAMS} -> {{ {instance} : {domain} }}", tuple(accesses), add_bias if bias else _keep), arrays
 
 
 def _keep(b: ir.IRBuilder, ptrs) -> None:  # noqa: ANN001, ARG001

@@ -39,7 +39,7 @@ import islpy as isl
 from polyml.codegen.depthwise import Geometry
 from polyml.schedule import codegen, legality
 from polyml.schedule import tree as T
-from polyml.schedule.conv import EXTRA_INDEX, add_bias
+from polyml.schedule.conv import finishing
 from polyml.schedule.gemm import LAYOUT_PARAMS, PARAMS, multiply_add, zero
 from polyml.schedule.nest import Access, Array, Nest, Program, Statement
 
@@ -91,23 +91,12 @@ def nest(shape: Shape, bias: bool = False, extras: tuple[str, ...] = (), chain: 
                    Access("X", f"{PARAMS} -> {{ S[m, oh, ow, kh, kw] -> X[m, {shape.x_index('oh', 'ow', 'kh', 'kw')}] }}")),
                   multiply_add)]
     if bias or extras or chain:
-        accesses = [Access("Y", f"{PARAMS} -> {{ E[m, j] -> Y[m, j] }}", "update")]
-        if bias:
-            arrays.append(Array("Cb", (c,)))
-            accesses.append(Access("Cb", f"{PARAMS} -> {{ E[m, j] -> Cb[m] }}"))
-        for t, kind in enumerate(extras):
-            at, dims = EXTRA_INDEX[kind]
-            arrays.append(Array(f"R{t}", tuple(shape.sizes.get(d, d) for d in dims)))
-            accesses.append(Access(f"R{t}", f"{PARAMS} -> {{ E[m, j] -> R{t}{at.format(j='j')} }}"))
-        stmts.append(Statement("E", f"{PARAMS} -> {{ E[m, j] : 0 <= m < M and 0 <= j < N }}", tuple(accesses),
-                               add_bias if bias else _keep))
+        finish, more = finishing("E[m, j]", "0 <= m < M and 0 <= j < N", "Y[m, j]", "j", shape.sizes, bias, extras)
+        stmts.append(finish)
+        arrays += more
     sizes = shape.sizes
     ctx = f"{PARAMS} -> {{ : M = {sizes['M']} and N = {sizes['N']} and K = {sizes['K']} }}"
     return Nest("depthwise", ("M", "N", "K"), tuple(arrays), tuple(stmts), context=ctx)
-
-
-def _keep(b, ptrs) -> None:  # noqa: ANN001, ARG001
-    """E's body where only the kernel's chain (bound at emission) changes Y."""
 
 
 @dataclass(frozen=True)

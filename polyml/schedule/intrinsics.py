@@ -286,9 +286,8 @@ class DepthwiseTile:
     def lower(self, em, box) -> None:  # noqa: ANN001  (Emitter, TileBox)
         b, g = em.b, self.geometry
         stmt = em.program.nest.statement(box.statement)
-        y_at, w_at, x_at = (next(i for i, a in enumerate(stmt.accesses) if a.array == name)
-                            for name in ("Y", "W", stmt.accesses[2].array))
-        y, w, x = (em.address(stmt.accesses[i].array, box.first[i]) for i in (y_at, w_at, x_at))
+        roles = _roles(stmt)  # Y updated, W and the phase copy read
+        y, w, x = (em.address(stmt.accesses[roles[r]].array, box.first[roles[r]]) for r in ("C", "A", "B"))
         lanes, (kh, kw), (oh_n, ow_n) = g.lanes, g.win.kernel, g.win.out
         vec = ir.VectorType(F32, lanes)
         fma = vector_fma(em.module, lanes)
