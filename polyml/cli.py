@@ -130,8 +130,10 @@ def _build_parser(p: argparse.ArgumentParser) -> None:
     p.add_argument("--from-manifest", metavar="MANIFEST", default=None,
                    help="rebuild what a manifest.json records (MODEL overrides its model path) and report any difference")
     p.add_argument("-v", "--verbose", action="store_true", help="print the whole fusion report")
-    p.add_argument("--emit", action="append", default=[], choices=["ll", "jscop", "fusion.svg", "fusion.png", "fusion-dot"],
+    p.add_argument("--emit", action="append", default=[], choices=["ll", "jscop", "schedules", "fusion.svg", "fusion.png", "fusion-dot"],
                    help="also write the IR before and after opt (ll), Polly's JSCoP of every SCoP into jscop/ (jscop), "
+                        "the plan, schedule trees and loops of every function on polyml's schedules into schedules/ "
+                        "(schedules: edit the tiles and build with --import-schedules), "
                         "the graph after fusion with each refused candidate's reason (fusion.svg, fusion.png: needs "
                         "pip install 'polyml[plot]'; fusion-dot: fusion.dot for Graphviz)")
     p.add_argument("--target", choices=["cpu", "cuda"], default="cpu",

@@ -262,6 +262,8 @@ class KernelBuilder:
         self.nests = 0
         #: the schedule trees (isl text) of the nests emitted through :mod:`polyml.schedule`
         self.schedules: list[str] = []
+        #: the plans those trees were made from, as files record them (:func:`polyml.schedule.exchange.record`)
+        self.plans: list[dict] = []
         #: the function's path where the kernel states it (``plain``: a plain nest emitted
         #: unscheduled under ``--no-schedule``); None: from the policy and :attr:`schedules`
         self.path: str | None = None

@@ -24,7 +24,8 @@ node or by an in-place Concat; not a graph input, constant or output; in at most
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
 
 import llvmlite.ir as ir
 
@@ -66,6 +67,8 @@ class Step:
     reason: str = ""
     #: the schedule trees used (isl's text), for ``path == "schedule"``
     schedules: tuple[str, ...] = ()
+    #: the plans of those trees where they have any (:func:`polyml.schedule.exchange.record`)
+    plans: tuple[dict, ...] = ()
 
 
 def step_path(policy: str, schedules: list[str], stated: str | None = None) -> tuple[str, str]:
@@ -177,14 +180,16 @@ def plan_concat_in_place(graph: Graph, kernels: dict[str, Kernel]) -> tuple[dict
 
 def lower_graph(graph: Graph, target: HostTarget, chunks: int = 1, parallel: bool = False,
                 in_place_concat: bool = False, tile_bytes: int = 0, packed_gemm: bool = True,
-                conv: str = "auto", config: CodegenConfig | None = None) -> LoweredModel:
+                conv: str = "auto", config: CodegenConfig | None = None,
+                schedule_tiles: Mapping[str, Mapping[str, int]] | None = None) -> LoweredModel:
     """Lower ``graph``; op functions of one policy are dealt round-robin into ``chunks`` modules
     so that ``opt`` can work on them in parallel. ``parallel`` lets kernels split their outer
     loops over OpenMP threads (:meth:`KernelBuilder.parallel_loop`). ``in_place_concat`` stores
     eligible Concat inputs in slices of the output (module docstring); ``tile_bytes`` is the
     cache budget of tiled nests (:mod:`polyml.codegen.tiling`, 0: untiled).  ``config`` is what
     every kernel is configured with (default: products on polyml's packed GEMM if
-    ``packed_gemm``, convolutions by ``conv``, no settings)."""
+    ``packed_gemm``, convolutions by ``conv``, no settings); ``schedule_tiles``: imported cache
+    tiles of nodes' GEMM schedules, by node (``--import-schedules``)."""
     if config is None:
         config = CodegenConfig(packed=packed_gemm, conv=conv, threaded=parallel)
     kernels = registry(config)
@@ -208,6 +213,15 @@ def lower_graph(graph: Graph, target: HostTarget, chunks: int = 1, parallel: boo
     nests = 0
 
     def emit(node: Node, kernel: Kernel, in_names: list[str], in_types: list[TensorType | None], out_names: list[str], out_types: list[TensorType]) -> None:
+        if schedule_tiles and node.label in schedule_tiles:  # every call for this node sees the same plan
+            kernel = kernel.configured(replace(config, schedule_tiles=tuple(sorted(schedule_tiles[node.label].items()))))
+            try:
+                return _emit(node, kernel, in_names, in_types, out_names, out_types)
+            except PolymlError as e:
+                raise PolymlError(f"--import-schedules: node {node.label!r}: {e}") from None
+        return _emit(node, kernel, in_names, in_types, out_names, out_types)
+
+    def _emit(node: Node, kernel: Kernel, in_names: list[str], in_types: list[TensorType | None], out_names: list[str], out_types: list[TensorType]) -> None:
         ops = [Operand(t, tt, graph.constants.get(t)) if t and tt else None for t, tt in zip(in_names, in_types)]
         temp_types = kernel.temps(node, ops, out_types)
         derived = kernel.constants(node, ops)
@@ -256,7 +270,7 @@ def lower_graph(graph: Graph, target: HostTarget, chunks: int = 1, parallel: boo
         kb = KernelBuilder(module, fn, node, [], [], [], [op.value if op else None for op in ops],
                            [op.type if op else None for op in ops], parallel=parallel)
         kb.tile_bytes = tile_bytes
-        kb.config = config
+        kb.config = kernel.config if kernel.config.schedule_tiles else config
         kb.step = len(steps)
         args = iter(fn.args)
         for i, t in enumerate(in_names):
@@ -282,7 +296,7 @@ def lower_graph(graph: Graph, target: HostTarget, chunks: int = 1, parallel: boo
         steps.append(Step(fname, node.label, node.op_type, policy, [s for s, _, _ in params], ptypes,
                           kernel.describe(node, ops, out_types), node_flops(types, node), sum(moved.values()),
                           sum(tt.size for _, tt, role in params if role.startswith("out")), path, reason,
-                          tuple(kb.schedules)))
+                          tuple(kb.schedules), tuple(kb.plans)))
 
     for node in graph.nodes:
         kernel = kernels[node.op_type]

@@ -57,6 +57,9 @@ def _add_build_options(p: argparse.ArgumentParser, outputs_flag: str = "--output
                    help="build even when the compile cache has this build (see `polyml cache`)")
     p.add_argument("--import-jscop", metavar="DIR", default="",
                    help="import the hand-edited JSCoP files in DIR (from --emit jscop), legality-checked first")
+    p.add_argument("--import-schedules", metavar="DIR", default="",
+                   help="import the schedule files in DIR (from --emit schedules): edited cache tiles (mc, kc, nc) "
+                        "of GEMM-family schedules, legality-checked; a build's own files change nothing")
     p.add_argument("--passes", default="", metavar="PIPELINE",
                    help="JSCoP pass pipeline for the SCoPs of op functions with policy polly/tile, legality-checked "
                         "('default': polyml opt's pipeline; recorded in the manifest)")
@@ -72,6 +75,7 @@ def _compile(args: argparse.Namespace, model: Path, outdir: Path, emit: list[str
                           schedule=getattr(args, "schedule", True),
                           conv=getattr(args, "conv", "auto"), cache=getattr(args, "cache", None),
                           import_jscop=str(Path(args.import_jscop).resolve()) if getattr(args, "import_jscop", "") else "",
+                          import_schedules=str(Path(args.import_schedules).resolve()) if getattr(args, "import_schedules", "") else "",
                           passes=getattr(args, "passes", "") or "")
 
 

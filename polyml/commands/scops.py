@@ -118,14 +118,13 @@ def cmd_scops(args: argparse.Namespace) -> int:
 def _show_schedules(args: argparse.Namespace) -> int:
     """``--schedules``: lower the model as ``polyml build`` does and show, per function on the
     schedule path, its tree (isl's block YAML) and the loops isl's AST generator makes of it."""
-    import islpy as isl
-
     from polyml.codegen.lower import lower_graph
     from polyml.driver.flags import Options
     from polyml.driver.toolchain import host_target
     from polyml.errors import PolymlError
     from polyml.passes.fuse import FuseOperators
     from polyml.pipeline import prepare
+    from polyml.schedule import exchange as schedule_exchange
 
     if Path(args.model).suffix == ".ll" or args.after or args.write_jscop or args.plot:
         raise PolymlError("polyml scops --schedules: give a model file (no .ll, --after, --write-jscop or --plot)")
@@ -142,11 +141,8 @@ def _show_schedules(args: argparse.Namespace) -> int:
         if not step.schedules or (keep is not None and not keep.search(step.function)):
             continue
         for text in step.schedules:
-            tree = isl.Schedule(text)
-            loops = isl.AstBuild.from_context(isl.Set.universe(tree.get_domain().get_space().params())) \
-                .node_from_schedule(tree).to_C_str()
             entries.append({"function": step.function, "node": step.node, "op_type": step.op_type,
-                            "detail": step.detail, "tree": text, "loops": loops})
+                            "detail": step.detail, "tree": text, "loops": schedule_exchange.loops(text)})
     if args.json:
         sys.stdout.write(json.dumps({"schedules": entries}, indent=1) + "\n")
         return 0

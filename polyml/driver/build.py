@@ -32,6 +32,7 @@ from polyml.graph import Graph
 from polyml.passes import parse_pipeline
 from polyml.passes.fuse import FuseOperators
 from polyml.pipeline import prepare
+from polyml.schedule import exchange as schedule_exchange
 from polyml.scop import exchange
 from polyml.scop.exchange import Imports
 from polyml.scop.optimize import pipeline_jscops
@@ -79,8 +80,11 @@ def build_artifact(
     seconds.update(prepared.seconds)
     tiles = resolve_tiles(options.tile_sizes)
     t0 = time.perf_counter()
+    edits = schedule_exchange.load(options.import_schedules) if options.import_schedules else {}
     lowered = lower_graph(graph, target, chunks=chunks, parallel=parallel, in_place_concat=options.fuse,
-                          tile_bytes=tiles.conv_bytes, config=config)
+                          tile_bytes=tiles.conv_bytes, config=config,
+                          schedule_tiles={n: dict(e.tiles) for n, e in edits.items() if e.tiles})
+    schedule_exchange.check_applied(edits, lowered.steps)
     if fusion is not None:  # the lowering decides Concat placement; its entries join the report
         fusion.groups.extend(lowered.concat_in_place)
         fusion.blocked.extend(lowered.concat_blocked)
@@ -134,6 +138,8 @@ def build_artifact(
         run_tool([tool("clang"), *flags.link_flags(), *objs, "-o", str(lib)], out, [], "link")
         seconds["link"] = time.perf_counter() - t0
 
+        if "schedules" in emit:  # what polyml's schedules ran: plans, trees, loops (--import-schedules reads them)
+            schedule_exchange.write(out / schedule_exchange.FOLDER, lowered.steps)
         if "jscop" in emit:  # the SCoPs of the lowered modules, as Polly exports them
             t0 = time.perf_counter()
             exchange.export([p for k, p in sources.items() if k != "entry"], out / JSCOP_DIR, jobs=os.cpu_count() or 1,
@@ -163,10 +169,12 @@ def build_artifact(
 
 
 def _check_jscop_folder(options: flags.Options, out: Path) -> None:
-    """A rebuild deletes the previous artifact's files: edited JSCoPs must live elsewhere."""
-    if options.import_jscop and out.resolve() in [Path(options.import_jscop).resolve(), *Path(options.import_jscop).resolve().parents]:
-        raise PolymlError(f"--import-jscop {options.import_jscop}: the folder lies inside the artifact folder {out} that this "
-                          "build replaces; copy the edited files elsewhere first (e.g. cp -r ART/jscop edits)")
+    """A rebuild deletes the previous artifact's files: edited JSCoPs and schedules must live elsewhere."""
+    for flag, folder, sub in (("--import-jscop", options.import_jscop, JSCOP_DIR),
+                              ("--import-schedules", options.import_schedules, schedule_exchange.FOLDER)):
+        if folder and out.resolve() in [Path(folder).resolve(), *Path(folder).resolve().parents]:
+            raise PolymlError(f"{flag} {folder}: the folder lies inside the artifact folder {out} that this "
+                              f"build replaces; copy the edited files elsewhere first (e.g. cp -r ART/{sub} edits)")
 
 
 def _stage_jscop_imports(options: flags.Options, sources: dict[str, Path], out: Path, seconds: dict,
@@ -232,7 +240,8 @@ def _manifest(graph: Graph, lowered: LoweredModel, options: flags.Options, model
         "functions": [
             {"function": s.function, "node": s.node, "op_type": s.op_type, "policy": s.policy, "detail": s.detail,
              "flops": s.flops, "bytes": s.bytes, "out_elements": s.out_elements, "path": s.path, "reason": s.reason,
-             **({"schedules": list(s.schedules)} if s.schedules else {})} for s in lowered.steps
+             **({"schedules": list(s.schedules)} if s.schedules else {}),
+             **({"plans": list(s.plans)} if s.plans else {})} for s in lowered.steps
         ],
         "seconds": seconds,
         "files": artifact.file_hashes(out),  # every file written (JSCoP included), sorted

@@ -87,6 +87,9 @@ class Options:
     extra_opt_flags: tuple[str, ...] = field(default_factory=tuple)
     #: a folder of hand-edited JSCoP files to import (``--import-jscop``, :mod:`polyml.scop.exchange`)
     import_jscop: str = ""
+    #: a folder of schedule files to import (``--import-schedules``, from ``--emit schedules``:
+    #: the cache tiles of GEMM-family schedules, :mod:`polyml.schedule.exchange`)
+    import_schedules: str = ""
     #: polyml's JSCoP pass pipeline on the SCoPs of every op function whose policy is ``polly``
     #: or ``tile`` (``--passes``; ``default``: ``polyml opt``'s per-SCoP policy), legality-checked
     passes: str = ""

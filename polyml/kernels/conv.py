@@ -66,6 +66,7 @@ from polyml.kernels.winograd import convolve_winograd, transform_weights, winogr
 from polyml.options import CodegenConfig
 from polyml.schedule import conv as scheduled_conv
 from polyml.schedule import depthwise as scheduled_depthwise
+from polyml.schedule import exchange as schedule_exchange
 from polyml.schedule import gemm as scheduled_gemm
 from polyml.schedule import layout
 from polyml.schedule import tree as schedule_tree
@@ -930,6 +931,7 @@ def _convolve_scheduled(k: KernelBuilder, plan: _Plan, scratch: Buffer | None) -
     Emitter(k.module, k.fn, k.b, _with_finish(program, k, bias is not None, chain if fused else None, extras or []),
             arrays, shape.sizes, {fma.name: fma, im2col.name: im2col}, attrs).emit(shape.sizes, ast)
     k.schedules.append(schedule_tree.text(program.tree))
+    k.plans.append(schedule_exchange.record(sched))
     return fused
 
 

@@ -55,6 +55,7 @@ from polyml.errors import ShapeError
 from polyml.graph import Node, TensorType
 from polyml.kernels import Kernel, Operand, broadcast_shapes, register
 from polyml.options import CodegenConfig
+from polyml.schedule import exchange as schedule_exchange
 from polyml.schedule import gemm as scheduled_gemm
 from polyml.schedule import tree as schedule_tree
 from polyml.schedule.codegen import Emitter
@@ -266,12 +267,16 @@ def scheduled_plan(config: CodegenConfig, m: int, n: int, kk: int, b_constant: b
         if bp is None:
             return None
         threads = (os.cpu_count() or 1) if parallel and batch * m * n * kk >= PARALLEL_MIN_MACS else 1
-        return scheduled_gemm.plan(m, n, kk, bp.blk, threads, a_constant=a_constant, batch=batch)
-    plan = packed_plan(config, m, n, kk, b_constant)
-    if plan is None or m < plan[0].mr:
-        return None
-    blk, parts = plan
-    return scheduled_gemm.plan(m, n, kk, blk, parts if parallel else 1, b_constant, a_constant, kc_step)
+        chosen = scheduled_gemm.plan(m, n, kk, bp.blk, threads, a_constant=a_constant, batch=batch)
+    else:
+        plan = packed_plan(config, m, n, kk, b_constant)
+        if plan is None or m < plan[0].mr:
+            return None
+        blk, parts = plan
+        chosen = scheduled_gemm.plan(m, n, kk, blk, parts if parallel else 1, b_constant, a_constant, kc_step)
+    if config.schedule_tiles:  # --import-schedules: this node's cache tiles from its file
+        return schedule_exchange.with_tiles(chosen, dict(config.schedule_tiles), f"{m}x{kk} @ {kk}x{n} product")
+    return chosen
 
 
 def scheduled_scratch(config: CodegenConfig, m: int, n: int, kk: int, b_constant: bool, batch: int = 0,
@@ -309,6 +314,7 @@ def scheduled_product(k: KernelBuilder, operands: dict[str, Buffer], m: int, n: 
     arrays.update({**({} if a_constant else {"Ap": scratch}), **({} if b_constant else {"Bp": scratch})})
     Emitter(k.module, k.fn, k.b, program, arrays, sizes, {fma.name: fma}, attrs).emit(sizes, ast)
     k.schedules.append(schedule_tree.text(program.tree))
+    k.plans.append(schedule_exchange.record(plan))
 
 
 @dataclass(frozen=True)

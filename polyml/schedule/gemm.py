@@ -120,6 +120,11 @@ class Plan:
     #: then the number of threads, at most ``batch · shares``)
     batch: int = 0
     shares: int = 0
+    #: the reduction blocks are multiples of this (a convolution's taps: whole input channels)
+    kc_step: int = 1
+    #: ``(mc, kc, nc)`` as the cost model chose them where imported tiles replaced them
+    #: (:func:`polyml.schedule.exchange.with_tiles`); empty: the cost model's
+    cost_model_tiles: tuple[int, ...] = ()
 
     @property
     def unit(self) -> int:
@@ -197,7 +202,7 @@ def plan(m: int, n: int, k: int, blk: packed.Blocking, parts: int, b_constant: b
     count = -(-total // share)
     buffers = min(threads, batch * count) if batch else count
     return Plan(blk, kc, nc, dim, share, buffers, packed.rows_outer(spec, blk), m, n, k, b_constant, a_constant,
-                batch, count)
+                batch, count, kc_step)
 
 
 def constant_b(p: Plan, b: np.ndarray) -> np.ndarray:
