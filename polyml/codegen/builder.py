@@ -553,7 +553,10 @@ def counted_loop(b: ir.IRBuilder, lo: ir.Value, hi: ir.Value, tag: str, name: st
     (branch_if or b.cbranch)(b.icmp_signed("<", iv, hi), body, exit_)
     b.position_at_end(body)
     yield iv
-    iv.add_incoming(b.add(iv, ir.Constant(I64, step), flags=["nuw", "nsw"]), b.block)
+    # nuw only where the counter starts at a known non-negative value: a padded copy's loop
+    # from -1 would wrap as unsigned on its first step, and LLVM then drops the exit test
+    unsigned = isinstance(lo, ir.Constant) and isinstance(lo.constant, int) and lo.constant >= 0
+    iv.add_incoming(b.add(iv, ir.Constant(I64, step), flags=["nuw", "nsw"] if unsigned else ["nsw"]), b.block)
     back = b.branch(header)
     if hints:
         loop_hint(b, back, *hints)

@@ -272,7 +272,9 @@ class DepthwiseTile:
     row where a row holds a vector (stored from the registers, the last vector masked), else
     (``.flat``) along the plane flattened on the copy's pitch into a stack accumulator, then
     cropped.  It stores its first sums (``init=``).  With ``finish=``: the bias (``bias``, read
-    at ``m``) starts the sums and ``epilogue`` (ReLU/Clip) is applied to each vector."""
+    at ``m``) starts the sums and ``epilogue`` (ReLU/Clip) is applied to each vector.  The
+    phase copy is read with aligned vector loads: its buffer must start on a vector boundary
+    (the arena aligns every buffer to 64 bytes)."""
 
     geometry: depthwise.Geometry
     attrs: tuple[str, ...] = ()
