@@ -96,7 +96,15 @@ def ast_of(program: Program, params: Mapping[str, int] | None = None) -> tuple[i
             functions[name] = [isl.PwMultiAff.from_map(a.map()) for a in nest.statement(name).accesses]
         return functions[name]
 
+    inside: list[bool] = []  # the marks being built, outermost first: whether each is a tensorize mark
+
+    def before_mark(mark: isl.Id, build: isl.AstBuild) -> int:
+        inside.append(T.parse_tensorize(mark.get_name()) is not None)
+        return 0
+
     def at_domain(node: isl.AstNode, build: isl.AstBuild) -> isl.AstNode:
+        if any(inside):  # the intrinsic replaces this subtree: its statements' indices are never read
+            return node
         try:
             name = node.user_get_expr().get_op_arg(0).get_id().get_name()
             it = isl.PwMultiAff.from_map(_stmt_map(build, name))
@@ -107,6 +115,7 @@ def ast_of(program: Program, params: Mapping[str, int] | None = None) -> tuple[i
             return node
 
     def after_mark(node: isl.AstNode, build: isl.AstBuild) -> isl.AstNode:
+        inside.pop()
         try:
             parsed = T.parse_tensorize(node.mark_get_id().get_name())
             if parsed is None:
@@ -138,8 +147,9 @@ def ast_of(program: Program, params: Mapping[str, int] | None = None) -> tuple[i
     build = isl.AstBuild.from_context(ctx)
     build, h1 = build.set_at_each_domain(at_domain)
     build, h2 = build.set_after_each_mark(after_mark)
+    build, h3 = build.set_before_each_mark(before_mark)
     ast = build.node_from_schedule(program.tree.intersect_domain(program.tree.get_domain().intersect_params(ctx)))
-    del h1, h2
+    del h1, h2, h3
     if payloads.error is not None:
         raise payloads.error
     return ast, payloads
