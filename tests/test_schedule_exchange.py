@@ -6,6 +6,7 @@ with the file and the reason."""
 from __future__ import annotations
 
 import json
+import os
 import shutil
 from pathlib import Path
 
@@ -100,3 +101,38 @@ def test_malformed_and_missing_folders_are_refused(exported: tuple[Path, Path, d
     for folder, message in ((tmp_path / "bad", "not a schedule file"), (tmp_path / "none", "not a folder")):
         with pytest.raises(PolymlError, match=message):
             polyml_compile(exported[0], tmp_path / "b", import_schedules=str(folder), cache=False)
+
+
+@pytest.mark.parametrize(("xs", "strides", "tile"), [((1, 24, 20, 30), [2, 2], "group"), ((1, 5, 60, 40), [1, 1], "band")])
+def test_depthwise_units_are_tiles_too(xs: tuple, strides: list, tile: str, tmp_path: Path) -> None:
+    """A depthwise convolution's file holds its unit (``group`` planes, or ``band`` rows of every
+    plane for large planes at two threads): imported unchanged it gives the same library, edited
+    it changes the code and keeps onnxruntime's results, out of range it is refused."""
+    from tests.test_kernels_depthwise import _dw_model
+
+    if tile == "band" and (os.cpu_count() or 1) < 2:
+        pytest.skip("row bands need two threads")
+    model = _dw_model(xs, (3, 3), {"pads": [1, 1, 1, 1], "strides": strides}, chain="silu")
+    path = tmp_path / "dw.onnx"
+    onnx.save(model, str(path))
+    polyml_compile(path, tmp_path / "a", emit=["schedules"], threads=2, cache=False)
+    (f,) = [p for p in (tmp_path / "a" / "schedules").glob("*.json") if json.loads(p.read_text())["op_type"] == "Conv"]
+    entry = json.loads(f.read_text())
+    assert entry["family"] == "depthwise" and list(entry["tiles"]) == [tile]
+    edits = tmp_path / "edits"
+    edits.mkdir()
+    (edits / f.name).write_text(f.read_text())
+    polyml_compile(path, tmp_path / "b", import_schedules=str(edits), threads=2, cache=False)
+    assert (tmp_path / "b" / "model.so").read_bytes() == (tmp_path / "a" / "model.so").read_bytes()
+    own = entry["tiles"][tile]
+    entry["tiles"][tile] = 1 if own != 1 else 2
+    (edits / f.name).write_text(json.dumps(entry))
+    errs = compile_and_compare(model, output_dir=tmp_path / "c", import_schedules=str(edits), threads=2, cache=False)
+    assert errs and max(errs.values()) <= 1e-5, errs
+    assert (tmp_path / "c" / "model.so").read_bytes() != (tmp_path / "a" / "model.so").read_bytes()
+    fn = _conv_function(tmp_path / "c")
+    assert fn["plans"][0]["tiles"] == entry["tiles"] and fn["plans"][0]["cost_model_tiles"] == {tile: own}
+    entry["tiles"][tile] = 10_000
+    (edits / f.name).write_text(json.dumps(entry))
+    with pytest.raises(PolymlError, match=f"tile {tile}=10000 must be an integer from 1"):
+        polyml_compile(path, tmp_path / "d", import_schedules=str(edits), threads=2, cache=False)

@@ -302,6 +302,11 @@ def _plan(config: CodegenConfig, node: Node, x: TensorType, w: TensorType, const
         return _Plan("plain", win)  # --no-schedule: the plain nest
     dw = depthwise_plan(config, node, x, w, win)
     if dw is not None:  # per plane on a phase-split copy (kernels/depthwise.py)
+        shape = depthwise_shape(node, x, w, win) if config.schedule else None
+        if shape is not None and config.schedule_tiles:  # imported tiles may need more than the hand plan's
+            floats = max(dw.scratch.size, *(scheduled_depthwise_plan(config, shape, dw, par).scratch_floats
+                                           for par in (True, False)))
+            return _Plan("depthwise", win, TensorType((floats,)))
         return _Plan("depthwise", win, dw.scratch)
     wg = winograd_plan(config, node, x, w, win) if constant_w else None
     if wg is not None:  # 3x3/1 with weights transformed at compile time (kernels/winograd.py)
@@ -963,9 +968,7 @@ def _convolve_depthwise_scheduled(k: KernelBuilder, plan: _Plan, dw: DepthwisePl
         return fused
     if dw.lanes == 16:
         set.add(k.fn.attributes, '"min-legal-vector-width"="512"')
-    threads = dw.parts if k.parallel else 1
-    sched = scheduled_depthwise.Plan(shape, dw.lanes, threads, 1 if dw.row_bands and threads > 1 else dw.group,
-                                     dw.band if dw.row_bands and threads > 1 else 0)
+    sched = scheduled_depthwise_plan(k.config, shape, dw, k.parallel)
     in_registers = register_epilogue(None, chain, extras) if fused else None
     fold = (bias is not None and not fused) or in_registers is not None
     program, ast = scheduled_depthwise.built(sched, bias is not None, kinds or (), fused, fold)
@@ -975,7 +978,20 @@ def _convolve_depthwise_scheduled(k: KernelBuilder, plan: _Plan, dw: DepthwisePl
     Emitter(k.module, k.fn, k.b, _with_finish(program, k, bias is not None, chain if fused else None, extras or []),
             arrays, shape.sizes, {tile.name: tile, copy_in.name: copy_in}, attrs).emit(shape.sizes, ast)
     k.schedules.append(schedule_tree.text(program.tree))
+    k.plans.append(schedule_exchange.record_depthwise(sched))
     return fused
+
+
+def scheduled_depthwise_plan(config: CodegenConfig, shape: scheduled_depthwise.Shape, dw: DepthwisePlan,
+                             parallel: bool) -> scheduled_depthwise.Plan:
+    """The depthwise schedule's plan from the hand-written kernel's (its threads, groups of
+    planes or row bands), with this node's imported tiles (``--import-schedules``) if any."""
+    threads = dw.parts if parallel else 1
+    banded = dw.row_bands and threads > 1
+    plan = scheduled_depthwise.Plan(shape, dw.lanes, threads, 1 if banded else dw.group, dw.band if banded else 0)
+    if config.schedule_tiles:
+        return schedule_exchange.with_depthwise_tiles(plan, dict(config.schedule_tiles), "depthwise convolution")
+    return plan
 
 
 def _rows_scheduled(config: CodegenConfig, node: Node, x: TensorType, w: TensorType, plan: _Plan) -> bool:

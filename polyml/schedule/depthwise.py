@@ -111,6 +111,9 @@ class Plan:
     threads: int
     group: int = 1
     band: int = 0
+    #: the unit size the cost model chose where imported tiles replaced it
+    #: (:func:`polyml.schedule.exchange.with_depthwise_tiles`); empty: the cost model's
+    cost_model_tiles: tuple[tuple[str, int], ...] = ()
 
     @property
     def geometry(self) -> Geometry:

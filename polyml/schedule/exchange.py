@@ -18,7 +18,9 @@ call that sizes buffers, lays out constants or emits code sees the same plan), b
 schedule tree from them and checks it against the nest's dependences as always.  A file equal
 to the build's own export changes nothing (the same ``model.so``, byte for byte).  ``trees``
 and ``loops`` are derived from the tiles: an edited tree with unchanged tiles is refused rather
-than ignored.  Families without editable tiles (depthwise, rows) are written for reading only.
+than ignored.  A depthwise schedule's tile is its unit (:func:`record_depthwise`): ``group``
+planes, or ``band`` output rows of every plane.  Rows schedules have no editable tiles and are
+written for reading only.
 """
 
 from __future__ import annotations
@@ -31,13 +33,17 @@ from pathlib import Path
 import islpy as isl
 
 from polyml.errors import PolymlError
-from polyml.schedule import gemm
+from polyml.schedule import depthwise, gemm
 
 FOLDER = "schedules"
 #: the editable members of a GEMM plan
 TILES = ("mc", "kc", "nc")
 #: the members of ``fixed`` that say which product a file is for (checked on import)
 SHAPE = ("m", "n", "k", "batch", "mr", "nr")
+#: the same for a depthwise convolution
+DEPTHWISE_SHAPE = ("channels", "size", "kernel", "strides", "dilations", "pads_begin", "out", "lanes")
+#: families whose files carry editable tiles
+EDITABLE = ("gemm", "depthwise")
 
 
 def tiles_of(p: gemm.Plan) -> dict[str, int]:
@@ -52,6 +58,37 @@ def record(p: gemm.Plan) -> dict:
              **{k: v for k, v in fixed.items() if k not in ("kc", "nc", "cost_model_tiles")}}
     chosen = {"cost_model_tiles": dict(zip(TILES, p.cost_model_tiles))} if p.cost_model_tiles else {}
     return {"family": "gemm", "tiles": tiles_of(p), "fixed": fixed, **chosen}
+
+
+def record_depthwise(p: depthwise.Plan) -> dict:
+    """A depthwise plan as the file's ``tiles``: ``band`` (output rows of every plane per
+    unit) where the units are row bands, else ``group`` (planes per unit); ``fixed``: the
+    convolution and the thread count."""
+    fixed = {**{k: (list(v) if isinstance(v, tuple) else v) for k, v in dataclasses.asdict(p.shape).items()},
+             "lanes": p.lanes, "threads": p.threads}
+    chosen = {"cost_model_tiles": dict(p.cost_model_tiles)} if p.cost_model_tiles else {}
+    return {"family": "depthwise", "tiles": {"band": p.band} if p.band else {"group": p.group}, "fixed": fixed,
+            **chosen}
+
+
+def with_depthwise_tiles(p: depthwise.Plan, tiles: Mapping[str, int], where: str) -> depthwise.Plan:
+    """``p`` with its unit size replaced: ``group`` planes per unit (1 to the channels) or, for
+    row bands, ``band`` output rows (1 to the output's rows).  Each unit's input footprint is
+    copied into its thread's slot, so the scratch grows with the group (sized from this plan).
+    The other name is ignored: a row-band plan's one-thread variant (which sizes the scratch
+    too) runs groups of planes."""
+    name = "band" if p.band else "group"
+    unknown = sorted(set(tiles) - {"band", "group"})
+    if unknown:
+        raise PolymlError(f"{where}: tiles {unknown} are not tiles of a depthwise schedule (editable: {name})")
+    v = tiles.get(name, p.band or p.group)
+    limit = p.shape.out[0] if p.band else p.shape.channels
+    if not isinstance(v, int) or isinstance(v, bool) or not 1 <= v <= limit:
+        raise PolymlError(f"{where}: tile {name}={v!r} must be an integer from 1 to {limit}")
+    if v == (p.band or p.group):
+        return p
+    before = (("band", p.band),) if p.band else (("group", p.group),)
+    return dataclasses.replace(p, **{name: v}, cost_model_tiles=before)
 
 
 def with_tiles(p: gemm.Plan, tiles: Mapping[str, int], where: str) -> gemm.Plan:
@@ -91,9 +128,9 @@ def write(folder: Path, steps: Sequence) -> list[str]:  # noqa: ANN001 - codegen
     for s in steps:
         if not s.schedules:
             continue
-        plans = [p for p in s.plans if p.get("family") == "gemm"]
+        plans = [p for p in s.plans if p.get("family") in EDITABLE]
         entry = {"function": s.function, "node": s.node, "op_type": s.op_type,
-                 "family": "gemm" if plans else "other",
+                 "family": plans[0]["family"] if plans else "other",
                  **({"tiles": plans[0]["tiles"], "fixed": plans[0]["fixed"]} if plans else {}),
                  "trees": list(s.schedules), "loops": [loops(t) for t in s.schedules]}
         name = f"{s.function}.json"
@@ -147,7 +184,8 @@ def load(folder: str | Path) -> dict[str, Edit]:
         if node in edits:
             raise PolymlError(f"{path}: node {node!r} also has {edits[node].path}")
         fixed = entry.get("fixed", {})
-        shape = tuple((k, fixed[k]) for k in SHAPE if isinstance(fixed, dict) and k in fixed)
+        keys = DEPTHWISE_SHAPE if entry.get("family") == "depthwise" else SHAPE
+        shape = tuple((k, fixed[k]) for k in keys if isinstance(fixed, dict) and k in fixed)
         edits[node] = Edit(str(path), node, str(entry.get("function", "")), tuple(sorted(tiles.items())), tuple(trees),
                            shape)
     if not edits:
@@ -165,10 +203,14 @@ def check_applied(edits: Mapping[str, Edit], steps: Sequence) -> None:  # noqa: 
                           + "; ".join(f"{e.path} (node {e.node!r})" for e in missing))
     for e in edits.values():
         s = by_node[e.node]
-        plans = [p for p in s.plans if p.get("family") == "gemm"]
+        plans = [p for p in s.plans if p.get("family") in EDITABLE]
         if e.tiles and not plans:
             raise PolymlError(f"{e.path}: node {e.node!r} runs a schedule without cache tiles to edit "
                               f"({s.op_type}, {s.detail}); remove 'tiles'")
+        extra = sorted(set(dict(e.tiles)) - set(plans[0]["tiles"])) if plans and e.tiles else []
+        if extra:  # e.g. a group for a plane whose units are row bands in this build
+            raise PolymlError(f"{e.path}: tiles {extra} do not apply to node {e.node!r}'s schedule here "
+                              f"(its tiles: {', '.join(plans[0]['tiles'])})")
         if plans and e.shape:
             other = {k: (v, plans[0]["fixed"].get(k)) for k, v in e.shape if plans[0]["fixed"].get(k) != v}
             if other:
@@ -177,4 +219,4 @@ def check_applied(edits: Mapping[str, Edit], steps: Sequence) -> None:  # noqa: 
         retiled = bool(plans) and "cost_model_tiles" in plans[0]
         if not retiled and e.trees and tuple(e.trees) != tuple(s.schedules):
             raise PolymlError(f"{e.path}: the trees differ from the build's, but trees are derived from the tiles: "
-                              "edit 'tiles' (mc, kc, nc) instead")
+                              "edit 'tiles' instead")
