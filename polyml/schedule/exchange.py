@@ -148,15 +148,16 @@ def loops(tree_text: str) -> str:
 
 @dataclasses.dataclass(frozen=True)
 class Edit:
-    """One imported file: the node whose GEMM schedule takes ``tiles``; ``trees``: the file's
-    trees (compared with the build's where the tiles are unchanged)."""
+    """One imported file: the node whose schedule takes ``tiles``; ``trees``: the file's trees
+    (compared with the build's where the tiles are unchanged)."""
 
     path: str
     node: str
     function: str
     tiles: tuple[tuple[str, int], ...]
     trees: tuple[str, ...]
-    #: the product the file was written for (:data:`SHAPE` of its ``fixed``)
+    #: the product or convolution the file was written for (:data:`SHAPE` or
+    #: :data:`DEPTHWISE_SHAPE` of its ``fixed``)
     shape: tuple[tuple[str, object], ...] = ()
 
 
