@@ -159,8 +159,9 @@ class CodegenConfig:
     dw_product: bool = True
     igemm: str = ""
     igemm_rows: str = ""
-    #: imported cache tiles of this node's GEMM schedule (``--import-schedules``, given per node
-    #: by the lowering: :func:`polyml.schedule.exchange.with_tiles`); empty: the cost model's
+    #: imported tiles of this node's schedule (``--import-schedules``, given per node by the
+    #: lowering: :func:`polyml.schedule.exchange.with_tiles`, :func:`~polyml.schedule.exchange.with_depthwise_tiles`);
+    #: empty: the cost model's
     schedule_tiles: tuple[tuple[str, int], ...] = ()
 
     @classmethod

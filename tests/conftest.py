@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ctypes
 import os
 import shutil
 import subprocess
@@ -16,6 +17,18 @@ GOLDEN = Path(__file__).parent / "golden"
 # (libgomp's default, which polyml keeps) would steal the other worker's core.
 if "OMP_WAIT_POLICY" not in os.environ:
     os.environ.setdefault("GOMP_SPINCOUNT", "1000")
+
+
+def shared_library(module_text: str, folder: Path, name: str, opt: str = "-O2") -> ctypes.CDLL:
+    """An LLVM module (its text) compiled by clang for this host into ``folder/<name>.so``
+    (OpenMP through libgomp, as polyml links) and loaded."""
+    from polyml.driver.toolchain import tool
+
+    ll, so = folder / f"{name}.ll", folder / f"{name}.so"
+    ll.write_text(module_text)
+    subprocess.run([tool("clang"), opt, "-march=native", "-shared", "-fPIC", "-fopenmp=libgomp", str(ll), "-o", str(so)],
+                   check=True, capture_output=True)
+    return ctypes.CDLL(str(so))
 
 
 def filecheck(text: str, check_file: Path) -> None:

@@ -24,7 +24,7 @@ from polyml.schedule import gemm as scheduled_gemm
 from polyml.schedule import tree as T
 from polyml.schedule.nest import Array, Program
 from polyml.testing import compile_and_compare, single_node_model
-from tests.conftest import filecheck
+from tests.conftest import filecheck, shared_library
 
 #: a fixed blocking, so the goldens do not depend on the host's caches
 BLK = packed.Blocking(12, 32, 16, mc=96, kc=256, nc=512)
@@ -245,11 +245,9 @@ def test_one_parametric_function_serves_every_size(tmp_path) -> None:
     remainders from isl's AST generator, the packing buffers per thread, whatever the sizes)
     computes products of every size, partial tiles and more thread shares than threads too."""
     import ctypes
-    import subprocess
 
     import llvmlite.ir as ir
 
-    from polyml.driver.toolchain import tool
     from polyml.schedule.intrinsics import FmaTile
 
     blk = packed.blocking_for_host("")
@@ -264,11 +262,7 @@ def test_one_parametric_function_serves_every_size(tmp_path) -> None:
     codegen.Emitter(module, fn, builder, program, {"A": a, "B": b, "C": c, "Ap": work, "Bp": work},
                     {"M": m, "N": n, "K": k}, {fma.name: fma}, ("nounwind",)).emit()
     builder.ret_void()
-    (tmp_path / "g.ll").write_text(str(module))
-    so = tmp_path / "g.so"
-    subprocess.run([tool("clang"), "-O3", "-march=native", "-shared", "-fPIC", "-fopenmp=libgomp",
-                    str(tmp_path / "g.ll"), "-o", str(so)], check=True, capture_output=True)
-    lib = ctypes.CDLL(str(so))
+    lib = shared_library(str(module), tmp_path, "g", opt="-O3")
     fp = ctypes.POINTER(ctypes.c_float)
     lib.gemm.argtypes = [fp] * 4 + [ctypes.c_int64] * 3
     scratch = np.zeros(plan.scratch_floats, np.float32)

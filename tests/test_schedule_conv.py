@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import ctypes
 import json
-import subprocess
 from pathlib import Path
 
 import llvmlite.ir as ir
@@ -21,7 +20,6 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from polyml.codegen import gemm as packed
-from polyml.driver.toolchain import tool
 from polyml.schedule import codegen
 from polyml.schedule import conv as scheduled_conv
 from polyml.schedule import gemm as scheduled_gemm
@@ -29,7 +27,7 @@ from polyml.schedule import tree as T
 from polyml.schedule.intrinsics import FmaTile
 from polyml.schedule.nest import Program
 from polyml.testing import compile_and_compare
-from tests.conftest import filecheck
+from tests.conftest import filecheck, shared_library
 
 BLK = packed.Blocking(12, 32, 16, mc=96, kc=256, nc=512)
 SHAPE = scheduled_conv.Shape(16, 40, (10, 12), (3, 3), (1, 2), (1, 1), (1, 1), (10, 6))
@@ -140,11 +138,7 @@ def _compiled(program: Program, shape: scheduled_conv.Shape, tmp_path: Path, nam
     codegen.Emitter(module, fn, builder, program, arrays, shape.sizes, {fma.name: fma, im2col.name: im2col},
                     attrs).emit(shape.sizes)
     builder.ret_void()
-    (tmp_path / f"{name}.ll").write_text(str(module))
-    so = tmp_path / f"{name}.so"
-    subprocess.run([tool("clang"), "-O2", "-march=native", "-shared", "-fPIC", "-fopenmp=libgomp",
-                    str(tmp_path / f"{name}.ll"), "-o", str(so)], check=True, capture_output=True)
-    lib = ctypes.CDLL(str(so))
+    lib = shared_library(str(module), tmp_path, name)
     lib.conv.argtypes = [ctypes.POINTER(ctypes.c_float)] * 5
     return lib.conv
 
@@ -235,11 +229,7 @@ def test_batched_products_share_one_parallel_loop(tmp_path: Path) -> None:
         codegen.Emitter(module, fn, builder, program, {"A": a, "Ac": a, "B": b, "C": c, "Ap": work, "Bp": work},
                         sizes, {fma.name: fma}, ("nounwind",)).emit(sizes, ast)
         builder.ret_void()
-        (tmp_path / "b.ll").write_text(str(module))
-        so = tmp_path / f"b{batch}.so"
-        subprocess.run([tool("clang"), "-O2", "-march=native", "-shared", "-fPIC", "-fopenmp=libgomp",
-                        str(tmp_path / "b.ll"), "-o", str(so)], check=True, capture_output=True)
-        lib = ctypes.CDLL(str(so))
+        lib = shared_library(str(module), tmp_path, f"b{batch}")
         fp = ctypes.POINTER(ctypes.c_float)
         lib.g.argtypes = [fp] * 4
         rng = np.random.default_rng(batch)

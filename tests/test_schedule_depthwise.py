@@ -9,21 +9,19 @@ from __future__ import annotations
 
 import ctypes
 import json
-import subprocess
 from pathlib import Path
 
 import llvmlite.ir as ir
 import numpy as np
 import pytest
 
-from polyml.driver.toolchain import tool
 from polyml.schedule import codegen
 from polyml.schedule import depthwise as D
 from polyml.schedule import tree as T
 from polyml.schedule.intrinsics import DepthwisePhaseCopy, DepthwiseTile
 from polyml.schedule.nest import Program
 from polyml.testing import compile_and_compare
-from tests.conftest import filecheck
+from tests.conftest import filecheck, shared_library
 from tests.test_kernels_depthwise import _dw_model
 
 #: 20 planes 11x37, 3x3 at stride 2 with pads 1 -> 6x19 (row-wise: a row holds a 16-lane vector)
@@ -80,11 +78,7 @@ def _compiled(program: Program, plan: D.Plan, tmp_path: Path, name: str):  # noq
     codegen.Emitter(module, fn, builder, program, arrays, plan.shape.sizes, {tile.name: tile, copy.name: copy},
                     attrs).emit(plan.shape.sizes)
     builder.ret_void()
-    (tmp_path / f"{name}.ll").write_text(str(module))
-    so = tmp_path / f"{name}.so"
-    subprocess.run([tool("clang"), "-O2", "-march=native", "-shared", "-fPIC", "-fopenmp=libgomp",
-                    str(tmp_path / f"{name}.ll"), "-o", str(so)], check=True, capture_output=True)
-    lib = ctypes.CDLL(str(so))
+    lib = shared_library(str(module), tmp_path, name)
     lib.dw.argtypes = [ctypes.POINTER(ctypes.c_float)] * 5
     return lib.dw
 

@@ -188,8 +188,8 @@ def lower_graph(graph: Graph, target: HostTarget, chunks: int = 1, parallel: boo
     eligible Concat inputs in slices of the output (module docstring); ``tile_bytes`` is the
     cache budget of tiled nests (:mod:`polyml.codegen.tiling`, 0: untiled).  ``config`` is what
     every kernel is configured with (default: products on polyml's packed GEMM if
-    ``packed_gemm``, convolutions by ``conv``, no settings); ``schedule_tiles``: imported cache
-    tiles of nodes' GEMM schedules, by node (``--import-schedules``)."""
+    ``packed_gemm``, convolutions by ``conv``, no settings); ``schedule_tiles``: imported tiles
+    of nodes' schedules, by node (``--import-schedules``)."""
     if config is None:
         config = CodegenConfig(packed=packed_gemm, conv=conv, threaded=parallel)
     kernels = registry(config)

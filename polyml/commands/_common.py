@@ -58,8 +58,8 @@ def _add_build_options(p: argparse.ArgumentParser, outputs_flag: str = "--output
     p.add_argument("--import-jscop", metavar="DIR", default="",
                    help="import the hand-edited JSCoP files in DIR (from --emit jscop), legality-checked first")
     p.add_argument("--import-schedules", metavar="DIR", default="",
-                   help="import the schedule files in DIR (from --emit schedules): edited cache tiles (mc, kc, nc) "
-                        "of GEMM-family schedules, legality-checked; a build's own files change nothing")
+                   help="import the schedule files in DIR (from --emit schedules): edited tiles (GEMM-family mc, kc, nc; "
+                        "depthwise group or band), legality-checked; a build's own files change nothing")
     p.add_argument("--passes", default="", metavar="PIPELINE",
                    help="JSCoP pass pipeline for the SCoPs of op functions with policy polly/tile, legality-checked "
                         "('default': polyml opt's pipeline; recorded in the manifest)")

@@ -88,7 +88,7 @@ class Options:
     #: a folder of hand-edited JSCoP files to import (``--import-jscop``, :mod:`polyml.scop.exchange`)
     import_jscop: str = ""
     #: a folder of schedule files to import (``--import-schedules``, from ``--emit schedules``:
-    #: the cache tiles of GEMM-family schedules, :mod:`polyml.schedule.exchange`)
+    #: the tiles of GEMM-family and depthwise schedules, :mod:`polyml.schedule.exchange`)
     import_schedules: str = ""
     #: polyml's JSCoP pass pipeline on the SCoPs of every op function whose policy is ``polly``
     #: or ``tile`` (``--passes``; ``default``: ``polyml opt``'s per-SCoP policy), legality-checked

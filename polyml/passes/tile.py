@@ -84,7 +84,7 @@ class Tile(Pass):
         if split:
             node = node.band_split(n)
         node = node.band_set_permutable(1)
-        sizes = list(self.sizes[:n]) if self.sizes else kept if kept is not None else model_sizes(node, scop, budget)
+        sizes = list(self.sizes[:n]) if self.sizes else kept or model_sizes(node, scop, budget)
         mv = isl.MultiVal.zero(node.band_get_space())
         for i, s in enumerate(sizes):
             mv = mv.set_val(i, isl.Val.int_from_si(node.get_ctx(), s))

@@ -56,7 +56,7 @@ def record(p: gemm.Plan) -> dict:
     blk = fixed.pop("blk")
     fixed = {"mr": blk["mr"], "nr": blk["nr"], "width": blk["width"],
              **{k: v for k, v in fixed.items() if k not in ("kc", "nc", "cost_model_tiles")}}
-    chosen = {"cost_model_tiles": dict(zip(TILES, p.cost_model_tiles))} if p.cost_model_tiles else {}
+    chosen = {"cost_model_tiles": dict(p.cost_model_tiles)} if p.cost_model_tiles else {}
     return {"family": "gemm", "tiles": tiles_of(p), "fixed": fixed, **chosen}
 
 
@@ -104,7 +104,7 @@ def with_tiles(p: gemm.Plan, tiles: Mapping[str, int], where: str) -> gemm.Plan:
     for name, v in tiles.items():
         if not isinstance(v, int) or isinstance(v, bool) or v <= 0:
             raise PolymlError(f"{where}: tile {name}={v!r} must be a positive integer")
-    mc, kc, nc = (int(tiles.get(t, tiles_of(p)[t])) for t in TILES)
+    mc, kc, nc = ({**tiles_of(p), **tiles}[t] for t in TILES)
     if mc % p.blk.mr:
         raise PolymlError(f"{where}: mc={mc} must be a multiple of the register tile's mr={p.blk.mr} "
                           f"(the intrinsic fma.f32.{p.blk.mr}x{p.blk.nr})")
@@ -118,7 +118,7 @@ def with_tiles(p: gemm.Plan, tiles: Mapping[str, int], where: str) -> gemm.Plan:
     if (mc, kc, nc) == (p.blk.mc, p.kc, p.nc):
         return p
     return dataclasses.replace(p, blk=dataclasses.replace(p.blk, mc=mc), kc=kc, nc=nc,
-                               cost_model_tiles=(p.blk.mc, p.kc, p.nc))
+                               cost_model_tiles=tuple(tiles_of(p).items()))
 
 
 def write(folder: Path, steps: Sequence) -> list[str]:  # noqa: ANN001 - codegen.lower.Step

@@ -122,9 +122,9 @@ class Plan:
     shares: int = 0
     #: the reduction blocks are multiples of this (a convolution's taps: whole input channels)
     kc_step: int = 1
-    #: ``(mc, kc, nc)`` as the cost model chose them where imported tiles replaced them
-    #: (:func:`polyml.schedule.exchange.with_tiles`); empty: the cost model's
-    cost_model_tiles: tuple[int, ...] = ()
+    #: ``(("mc", ..), ("kc", ..), ("nc", ..))`` as the cost model chose them where imported
+    #: tiles replaced them (:func:`polyml.schedule.exchange.with_tiles`); empty: the cost model's
+    cost_model_tiles: tuple[tuple[str, int], ...] = ()
 
     @property
     def unit(self) -> int:
