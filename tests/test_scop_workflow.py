@@ -24,7 +24,7 @@ from tests.test_codegen import add_relu_model
 
 KEYS = {"scops", "rejected"}
 SCOP_KEYS = {"function", "region", "statements", "dependences", "ast"}
-STMT_KEYS = {"name", "op", "domain", "schedule", "accesses"}
+STMT_KEYS = {"name", "op", "ops", "domain", "schedule", "accesses"}
 ACCESS_KEYS = {"kind", "relation", "array"}
 
 GEMM_C = """
@@ -272,7 +272,7 @@ def test_squeezenet_scops_acceptance(tmp_path, capsys) -> None:
     report = scops_json(capsys, str(tmp_path / "squeezenet.onnx"))
     assert report["rejected"] == []
     convs = {n.name for n in model.graph.node if n.op_type == "Conv"}
-    ops = {st["op"] for s in report["scops"] for st in s["statements"]}
+    ops = {op for s in report["scops"] for st in s["statements"] for op in st["ops"]}
     assert convs <= ops
     for s in report["scops"]:
         assert s["ast"].strip() and set(s["dependences"]) == {"raw", "war", "waw"}

@@ -30,6 +30,7 @@ from dataclasses import dataclass, field, replace
 import llvmlite.ir as ir
 
 from polyml.codegen.builder import I64, Buffer, KernelBuilder, pointer_type, sanitize, status_global
+from polyml.codegen.identical import IdenticalFunctions
 from polyml.codegen.memory import FlatCopy, Slot, SlotTable
 from polyml.driver.toolchain import HostTarget
 from polyml.errors import PolymlError
@@ -69,6 +70,8 @@ class Step:
     schedules: tuple[str, ...] = ()
     #: the plans of those trees where they have any (:func:`polyml.schedule.exchange.record`)
     plans: tuple[dict, ...] = ()
+    #: its function is an earlier op's, whose body was identical (:mod:`polyml.codegen.identical`)
+    shared: bool = False
 
 
 def step_path(policy: str, schedules: list[str], stated: str | None = None) -> tuple[str, str]:
@@ -181,7 +184,8 @@ def plan_concat_in_place(graph: Graph, kernels: dict[str, Kernel]) -> tuple[dict
 def lower_graph(graph: Graph, target: HostTarget, chunks: int = 1, parallel: bool = False,
                 in_place_concat: bool = False, tile_bytes: int = 0, packed_gemm: bool = True,
                 conv: str = "auto", config: CodegenConfig | None = None,
-                schedule_tiles: Mapping[str, Mapping[str, int]] | None = None) -> LoweredModel:
+                schedule_tiles: Mapping[str, Mapping[str, int]] | None = None,
+                share_identical: bool = True) -> LoweredModel:
     """Lower ``graph``; op functions of one policy are dealt round-robin into ``chunks`` modules
     so that ``opt`` can work on them in parallel. ``parallel`` lets kernels split their outer
     loops over OpenMP threads (:meth:`KernelBuilder.parallel_loop`). ``in_place_concat`` stores
@@ -189,7 +193,9 @@ def lower_graph(graph: Graph, target: HostTarget, chunks: int = 1, parallel: boo
     cache budget of tiled nests (:mod:`polyml.codegen.tiling`, 0: untiled).  ``config`` is what
     every kernel is configured with (default: products on polyml's packed GEMM if
     ``packed_gemm``, convolutions by ``conv``, no settings); ``schedule_tiles``: imported tiles
-    of nodes' schedules, by node (``--import-schedules``)."""
+    of nodes' schedules, by node (``--import-schedules``); ``share_identical``: an op whose
+    function would be identical to an earlier one's calls that one
+    (:mod:`polyml.codegen.identical`)."""
     if config is None:
         config = CodegenConfig(packed=packed_gemm, conv=conv, threaded=parallel)
     kernels = registry(config)
@@ -209,6 +215,7 @@ def lower_graph(graph: Graph, target: HostTarget, chunks: int = 1, parallel: boo
         return slot_of[t]
 
     steps: list[Step] = []
+    identical = IdenticalFunctions()
     per_policy: dict[str, int] = {}  # functions dealt so far, per Polly policy
     nests = 0
 
@@ -287,16 +294,17 @@ def lower_graph(graph: Graph, target: HostTarget, chunks: int = 1, parallel: boo
             kb.constants.append(Buffer(kb, next(args), tt, f"const{i}"))
         kernel.lower(kb)
         kb.b.ret_void()
+        first = identical.owner(module, fname, kb.prefix, (policy, node.op_type, *map(str, ptypes))) if share_identical else None
         nonlocal nests
         nests += kb.nests
         for s, _, _ in params:
             table.touch(s, len(steps))
         moved = {s: tt.nbytes for s, tt, role in params if not role.startswith("temp")}
         path, reason = step_path(policy, kb.schedules, kb.path)
-        steps.append(Step(fname, node.label, node.op_type, policy, [s for s, _, _ in params], ptypes,
+        steps.append(Step(first or fname, node.label, node.op_type, policy, [s for s, _, _ in params], ptypes,
                           kernel.describe(node, ops, out_types), node_flops(types, node), sum(moved.values()),
                           sum(tt.size for _, tt, role in params if role.startswith("out")), path, reason,
-                          tuple(kb.schedules), tuple(kb.plans)))
+                          tuple(kb.schedules), tuple(kb.plans), first is not None))
 
     for node in graph.nodes:
         kernel = kernels[node.op_type]

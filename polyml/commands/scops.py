@@ -93,7 +93,7 @@ def cmd_scops(args: argparse.Namespace) -> int:
         if pipeline:
             jscop = passes.run(pipeline, s.jscop)
             legality.check(s.jscop, jscop, f"{s.function} {s.region} after {args.after}", deps, s.access_kinds)
-        entries.append(printer.scop_json(s, jscop, src.op_of, deps))
+        entries.append(printer.scop_json(s, jscop, src.op_of, deps, src.ops_of))
         if spec is not None:
             pictures += len(domain.plot_scop(s.jscop, deps, args.plot, spec, s.function, [st["op"] for st in entries[-1]["statements"]],
                                              jscop if pipeline else None, args.after, args.plot_format, taken))

@@ -241,7 +241,8 @@ def _manifest(graph: Graph, lowered: LoweredModel, options: flags.Options, model
             {"function": s.function, "node": s.node, "op_type": s.op_type, "policy": s.policy, "detail": s.detail,
              "flops": s.flops, "bytes": s.bytes, "out_elements": s.out_elements, "path": s.path, "reason": s.reason,
              **({"schedules": list(s.schedules)} if s.schedules else {}),
-             **({"plans": list(s.plans)} if s.plans else {})} for s in lowered.steps
+             **({"plans": list(s.plans)} if s.plans else {}),
+             **({"shared": True} if s.shared else {})} for s in lowered.steps
         ],
         "seconds": seconds,
         "files": artifact.file_hashes(out),  # every file written (JSCoP included), sorted

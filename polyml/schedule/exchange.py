@@ -122,14 +122,20 @@ def with_tiles(p: gemm.Plan, tiles: Mapping[str, int], where: str) -> gemm.Plan:
 
 
 def write(folder: Path, steps: Sequence) -> list[str]:  # noqa: ANN001 - codegen.lower.Step
-    """One file per function with schedules into ``folder``; returns the names written."""
+    """One file per function with schedules into ``folder``; returns the names written.  A
+    function that several ops call (their bodies were identical: :mod:`polyml.codegen.identical`)
+    has one file, written from the first of them, listing them all in ``nodes``: its tiles,
+    imported, apply to each."""
     folder.mkdir(parents=True, exist_ok=True)
+    callers: dict[str, list[str]] = {}
+    for s in steps:
+        callers.setdefault(s.function, []).append(s.node)
     names = []
     for s in steps:
-        if not s.schedules:
+        if not s.schedules or s.shared:
             continue
         plans = [p for p in s.plans if p.get("family") in EDITABLE]
-        entry = {"function": s.function, "node": s.node, "op_type": s.op_type,
+        entry = {"function": s.function, "node": s.node, "nodes": callers[s.function], "op_type": s.op_type,
                  "family": plans[0]["family"] if plans else "other",
                  **({"tiles": plans[0]["tiles"], "fixed": plans[0]["fixed"]} if plans else {}),
                  "trees": list(s.schedules), "loops": [loops(t) for t in s.schedules]}
@@ -181,14 +187,17 @@ def load(folder: str | Path) -> dict[str, Edit]:
         trees = entry.get("trees", [])
         if not isinstance(trees, list) or not all(isinstance(t, str) for t in trees):
             raise PolymlError(f"{path}: 'trees' must be a list of schedule trees")
-        node = entry["node"]
-        if node in edits:
-            raise PolymlError(f"{path}: node {node!r} also has {edits[node].path}")
+        nodes = entry.get("nodes", [entry["node"]])
+        if not isinstance(nodes, list) or not all(isinstance(n, str) for n in nodes):
+            raise PolymlError(f"{path}: 'nodes' must be a list of node names")
         fixed = entry.get("fixed", {})
         keys = DEPTHWISE_SHAPE if entry.get("family") == "depthwise" else SHAPE
         shape = tuple((k, fixed[k]) for k in keys if isinstance(fixed, dict) and k in fixed)
-        edits[node] = Edit(str(path), node, str(entry.get("function", "")), tuple(sorted(tiles.items())), tuple(trees),
-                           shape)
+        for node in dict.fromkeys([entry["node"], *nodes]):  # the function's callers take its tiles
+            if node in edits:
+                raise PolymlError(f"{path}: node {node!r} also has {edits[node].path}")
+            edits[node] = Edit(str(path), node, str(entry.get("function", "")), tuple(sorted(tiles.items())),
+                               tuple(trees), shape)
     if not edits:
         raise PolymlError(f"--import-schedules {folder}: no schedule files (*.json from --emit schedules) there")
     return edits

@@ -252,6 +252,8 @@ class Sources:
 
     files: dict[str, Path]
     ops: dict[str, str] = field(default_factory=dict)  # function → graph node label
+    #: function → every node that calls it (several where their bodies were identical)
+    callers: dict[str, list[str]] = field(default_factory=dict)
 
     def op_of(self, function: str) -> str:
         """The node a function was lowered from (helpers ``<fn>.gemm2d``, ``<fn>.par0`` belong
@@ -260,6 +262,16 @@ class Sources:
         while name not in self.ops and "." in name:
             name = name.rsplit(".", 1)[0]
         return self.ops.get(name, function)
+
+    def ops_of(self, function: str) -> list[str]:
+        """Every node whose op runs ``function`` (the first is :meth:`op_of`)."""
+        return self.callers.get(self._owner(function), [self.op_of(function)])
+
+    def _owner(self, function: str) -> str:
+        name = function
+        while name not in self.callers and "." in name:
+            name = name.rsplit(".", 1)[0]
+        return name
 
 
 def model_sources(model: Path, work: Path, input_shapes: Mapping[str, tuple[int, ...]] | None = None,
@@ -281,4 +293,7 @@ def model_sources(model: Path, work: Path, input_shapes: Mapping[str, tuple[int,
         path = work / f"ops.{name}.ll"
         path.write_text(str(module))
         files[f"ops.{name}"] = path
-    return Sources(files, {s.function: s.node for s in lowered.steps})
+    callers: dict[str, list[str]] = {}
+    for s in lowered.steps:  # a function several ops call (identical bodies) is its first op's
+        callers.setdefault(s.function, []).append(s.node)
+    return Sources(files, {f: nodes[0] for f, nodes in callers.items()}, callers)

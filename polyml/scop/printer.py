@@ -34,16 +34,20 @@ def ast_c(jscop: Mapping) -> str:
     return node.to_C_str()
 
 
-def scop_json(scop: Scop, jscop: Mapping, op_of: Callable[[str], str], deps: D.Dependences | None = None) -> dict:
-    """One SCoP's entry; ``jscop``: its (possibly transformed) JSCoP, ``deps``: the original's."""
+def scop_json(scop: Scop, jscop: Mapping, op_of: Callable[[str], str], deps: D.Dependences | None = None,
+              ops_of: Callable[[str], list[str]] | None = None) -> dict:
+    """One SCoP's entry; ``jscop``: its (possibly transformed) JSCoP, ``deps``: the original's;
+    ``ops_of``: every node running the function (identical ops share one)."""
     deps = deps or D.compute(scop.jscop, scop.access_kinds)
     op = op_of(scop.function)
+    ops = ops_of(scop.function) if ops_of is not None else [op]
     statements = []
     for i, s in enumerate(jscop["statements"]):
         kinds = scop.access_kinds[i] if i < len(scop.access_kinds) else [a["kind"] for a in s["accesses"]]
         statements.append({
             "name": s["name"],
             "op": op,
+            "ops": ops,
             "domain": s["domain"],
             "schedule": s["schedule"],
             "accesses": [{"kind": k, "relation": a["relation"], "array": J.array_name(a["relation"])}
@@ -85,7 +89,7 @@ def print_text(report: Mapping, console: Console, title: str = "") -> None:
     if title:
         console.print(f"[bold]{escape(title)}[/]: {len(scops)} SCoP(s), {len(report['rejected'])} rejected", soft_wrap=True)
     for k, s in enumerate(scops):
-        ops = sorted({st["op"] for st in s["statements"]})
+        ops = sorted({op for st in s["statements"] for op in st.get("ops", [st["op"]])})
         console.print()
         console.rule(f"[bold]SCoP {k + 1}/{len(scops)}[/]  {escape(s['function'])}  op {escape(', '.join(ops))}", align="left")
         console.print(f"  [dim]region[/]      {escape(s['region'])}", highlight=False, soft_wrap=True)
