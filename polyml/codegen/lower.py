@@ -295,6 +295,8 @@ def lower_graph(graph: Graph, target: HostTarget, chunks: int = 1, parallel: boo
         kernel.lower(kb)
         kb.b.ret_void()
         first = identical.owner(module, fname, kb.prefix, (policy, node.op_type, *map(str, ptypes))) if share_identical else None
+        if first is not None:  # nothing was added to the module: the next function takes its turn
+            per_policy[policy] = dealt
         nonlocal nests
         nests += kb.nests
         for s, _, _ in params:
