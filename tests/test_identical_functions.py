@@ -14,6 +14,7 @@ import polyml
 from polyml.codegen.lower import lower_graph
 from polyml.driver.toolchain import host_target
 from polyml.frontends.onnx import from_onnx
+from polyml.runtime.model import CompiledModel
 from polyml.testing import onnxruntime_run, rel_error
 
 
@@ -42,24 +43,22 @@ def _functions(model: onnx.ModelProto, share: bool = True) -> dict[str, str]:
     return {s.node: s.function for s in lowered.steps}
 
 
-def _compiled_functions(tmp_path, model: onnx.ModelProto) -> dict[str, str]:  # noqa: ANN001
+def _compile(tmp_path, model: onnx.ModelProto, **options) -> tuple[CompiledModel, list[dict]]:  # noqa: ANN001
+    """The compiled model and its manifest's ``functions``."""
     path = tmp_path / "m.onnx"
     onnx.save(model, str(path))
-    polyml.compile(path, tmp_path / "out", emit=["ll"])
-    return {f["node"]: f["function"] for f in json.loads((tmp_path / "out" / "manifest.json").read_text())["functions"]}
+    compiled = polyml.compile(path, tmp_path / "out", **options)
+    return compiled, json.loads((tmp_path / "out" / "manifest.json").read_text())["functions"]
 
 
 def test_identical_ops_share_one_function_and_keep_their_own_weights(tmp_path) -> None:
     model = conv_chain()
-    path = tmp_path / "m.onnx"
-    onnx.save(model, str(path))
-    compiled = polyml.compile(path, tmp_path / "out")
-    man = json.loads((tmp_path / "out" / "manifest.json").read_text())
-    convs = [f for f in man["functions"] if f["op_type"] == "Conv" and f["detail"].startswith("3x3")]
+    compiled, functions = _compile(tmp_path, model)
+    convs = [f for f in functions if f["op_type"] == "Conv" and f["detail"].startswith("3x3")]
     assert len(convs) == 3
     assert len({f["function"] for f in convs}) == 1, [f["function"] for f in convs]
     assert [f.get("shared", False) for f in convs] == [False, True, True]
-    proj = next(f for f in man["functions"] if f["node"] == "proj")
+    proj = next(f for f in functions if f["node"] == "proj")
     assert proj["function"] != convs[0]["function"] and not proj.get("shared")
     x = np.random.default_rng(0).standard_normal((1, 16, 20, 20)).astype(np.float32)
     got = compiled.run({"x": x})["y"]
@@ -69,7 +68,7 @@ def test_identical_ops_share_one_function_and_keep_their_own_weights(tmp_path) -
 
 def test_sharing_compares_code_not_attributes(tmp_path) -> None:
     # a fused Clip's bound differs: the code differs, so the second block keeps a function of its own
-    functions = _compiled_functions(tmp_path, conv_chain((6.0, 4.0, 6.0)))
+    functions = {f["node"]: f["function"] for f in _compile(tmp_path, conv_chain((6.0, 4.0, 6.0)), emit=["ll"])[1]}
     convs = [functions[n] for n in ("conv0", "conv1", "conv2")]
     assert convs[0] == convs[2] and convs[1] != convs[0], functions
     ll = "\n".join(p.read_text() for p in (tmp_path / "out").rglob("ops.*.ll"))

@@ -18,6 +18,7 @@ bodies for different values, and those stay separate functions.
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import llvmlite.ir as ir
@@ -34,14 +35,36 @@ def _unquote(ref: str) -> str:
     return ref[1:-1] if ref.startswith('"') else ref
 
 
+def _owned(module: ir.Module, function: str) -> list[str]:
+    """The globals of ``module`` that belong to ``function``: itself and those named after it."""
+    return [name for name in module.globals if name == function or name.startswith(function + ".")]
+
+
+def callers(steps: Sequence) -> dict[str, list[str]]:  # noqa: ANN001 - codegen.lower.Step
+    """Function → the nodes whose ops call it, in step order (the first is the one it was
+    emitted for)."""
+    out: dict[str, list[str]] = {}
+    for s in steps:
+        out.setdefault(s.function, []).append(s.node)
+    return out
+
+
+@dataclass
+class _Emitted:
+    function: str
+    module: ir.Module
+    prefix: str
+    #: its body key, computed once a second function shares its signature
+    key: str | None = None
+
+
 @dataclass
 class IdenticalFunctions:
     """The op functions emitted so far, by normalised body (module docstring)."""
 
-    #: by signature (policy, op type, parameter types...): the functions emitted with it, each
-    #: with its module, node prefix and body key (computed once a second function shares the
-    #: signature: most functions are the only one of theirs)
-    emitted: dict[tuple, list[list]] = field(default_factory=dict)
+    #: by signature (policy, op type, parameter types...): the functions emitted with it (keys
+    #: are made only once a second function shares a signature: most are the only one of theirs)
+    emitted: dict[tuple, list[_Emitted]] = field(default_factory=dict)
     _metadata: dict[int, tuple[int, dict[str, str]]] = field(default_factory=dict)
 
     def _metadata_of(self, module: ir.Module) -> dict[str, str]:
@@ -54,12 +77,11 @@ class IdenticalFunctions:
 
     def key(self, module: ir.Module, function: str, prefix: str) -> str:
         """``function``'s body and what it refers to, without the names of its node."""
-        own = [g for name, g in module.globals.items() if name == function or name.startswith(function + ".")]
-        text = "\n".join(str(g) for g in own)
-        owned = {g.name for g in own}
+        owned = _owned(module, function)
+        text = "\n".join(str(module.globals[name]) for name in owned)
         # the globals it refers to that it does not own, by contents (a table named by a
         # counter may hold other values in another module)
-        refs = sorted({_unquote(r) for r in _GLOBAL_REF.findall(text)} - owned)
+        refs = sorted({_unquote(r) for r in _GLOBAL_REF.findall(text)} - set(owned))
         shared = [str(module.globals[r]) for r in refs
                   if r in module.globals and isinstance(module.globals[r], ir.GlobalVariable)]
         metadata = self._metadata_of(module)
@@ -85,20 +107,20 @@ class IdenticalFunctions:
         owns, from ``module``), or None if it is the first of its body; only functions of the
         same ``signature`` (the Polly policy, the parameter types) are compared."""
         earlier = self.emitted.setdefault(signature, [])
-        entry = [function, module, prefix, None]
+        entry = _Emitted(function, module, prefix)
         earlier.append(entry)
         if len(earlier) == 1:
             return None
         for e in earlier:
-            if e[3] is None:
-                e[3] = self.key(e[1], e[0], e[2])
-        first = next(e[0] for e in earlier if e[3] == entry[3])
+            if e.key is None:
+                e.key = self.key(e.module, e.function, e.prefix)
+        first = next(e.function for e in earlier if e.key == entry.key)
         if first == function:
             return None
         earlier.pop()
-        for name in [n for n in module.globals if n == function or n.startswith(function + ".")]:
+        for name in _owned(module, function):
             del module.globals[name]
         return first
 
 
-__all__ = ["IdenticalFunctions"]
+__all__ = ["IdenticalFunctions", "callers"]

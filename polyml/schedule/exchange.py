@@ -32,6 +32,7 @@ from pathlib import Path
 
 import islpy as isl
 
+from polyml.codegen.identical import callers
 from polyml.errors import PolymlError
 from polyml.schedule import depthwise, gemm
 
@@ -127,15 +128,13 @@ def write(folder: Path, steps: Sequence) -> list[str]:  # noqa: ANN001 - codegen
     has one file, written from the first of them, listing them all in ``nodes``: its tiles,
     imported, apply to each."""
     folder.mkdir(parents=True, exist_ok=True)
-    callers: dict[str, list[str]] = {}
-    for s in steps:
-        callers.setdefault(s.function, []).append(s.node)
+    nodes = callers(steps)
     names = []
     for s in steps:
         if not s.schedules or s.shared:
             continue
         plans = [p for p in s.plans if p.get("family") in EDITABLE]
-        entry = {"function": s.function, "node": s.node, "nodes": callers[s.function], "op_type": s.op_type,
+        entry = {"function": s.function, "node": s.node, "nodes": nodes[s.function], "op_type": s.op_type,
                  "family": plans[0]["family"] if plans else "other",
                  **({"tiles": plans[0]["tiles"], "fixed": plans[0]["fixed"]} if plans else {}),
                  "trees": list(s.schedules), "loops": [loops(t) for t in s.schedules]}

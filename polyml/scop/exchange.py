@@ -26,6 +26,7 @@ from pathlib import Path
 
 import islpy as isl
 
+from polyml.codegen.identical import callers
 from polyml.codegen.lower import lower_graph
 from polyml.driver import flags
 from polyml.driver.toolchain import host_target, run_tool, tool
@@ -251,27 +252,21 @@ class Sources:
     """IR files to find SCoPs in, and the op each function belongs to."""
 
     files: dict[str, Path]
-    ops: dict[str, str] = field(default_factory=dict)  # function → graph node label
-    #: function → every node that calls it (several where their bodies were identical)
+    #: function → the graph node labels of the ops that call it, the one it was lowered from
+    #: first (several where their bodies were identical: :mod:`polyml.codegen.identical`)
     callers: dict[str, list[str]] = field(default_factory=dict)
 
     def op_of(self, function: str) -> str:
         """The node a function was lowered from (helpers ``<fn>.gemm2d``, ``<fn>.par0`` belong
         to ``<fn>``); the function's own name outside a model."""
-        name = function
-        while name not in self.ops and "." in name:
-            name = name.rsplit(".", 1)[0]
-        return self.ops.get(name, function)
+        return self.ops_of(function)[0]
 
     def ops_of(self, function: str) -> list[str]:
-        """Every node whose op runs ``function`` (the first is :meth:`op_of`)."""
-        return self.callers.get(self._owner(function), [self.op_of(function)])
-
-    def _owner(self, function: str) -> str:
+        """Every node whose op runs ``function`` (or its helper), the first :meth:`op_of`'s."""
         name = function
         while name not in self.callers and "." in name:
             name = name.rsplit(".", 1)[0]
-        return name
+        return self.callers.get(name, [function])
 
 
 def model_sources(model: Path, work: Path, input_shapes: Mapping[str, tuple[int, ...]] | None = None,
@@ -293,7 +288,4 @@ def model_sources(model: Path, work: Path, input_shapes: Mapping[str, tuple[int,
         path = work / f"ops.{name}.ll"
         path.write_text(str(module))
         files[f"ops.{name}"] = path
-    callers: dict[str, list[str]] = {}
-    for s in lowered.steps:  # a function several ops call (identical bodies) is its first op's
-        callers.setdefault(s.function, []).append(s.node)
-    return Sources(files, {f: nodes[0] for f, nodes in callers.items()}, callers)
+    return Sources(files, callers(lowered.steps))

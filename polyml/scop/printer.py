@@ -89,7 +89,7 @@ def print_text(report: Mapping, console: Console, title: str = "") -> None:
     if title:
         console.print(f"[bold]{escape(title)}[/]: {len(scops)} SCoP(s), {len(report['rejected'])} rejected", soft_wrap=True)
     for k, s in enumerate(scops):
-        ops = sorted({op for st in s["statements"] for op in st.get("ops", [st["op"]])})
+        ops = sorted({op for st in s["statements"] for op in st["ops"]})
         console.print()
         console.rule(f"[bold]SCoP {k + 1}/{len(scops)}[/]  {escape(s['function'])}  op {escape(', '.join(ops))}", align="left")
         console.print(f"  [dim]region[/]      {escape(s['region'])}", highlight=False, soft_wrap=True)
